@@ -1,0 +1,119 @@
+"""Build configuration of the matrix-vector unit, described once.
+
+Every width of the gateware and every bound of the reference model is derived here from a
+handful of parameters, so that the hardware, the model and the host agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .formats import (
+    FP16_MAX_EXP, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN, MVM_EXP_EXACT_MIN, block_bits,
+    check_int,
+)
+
+__all__ = ["MvmConfig"]
+
+
+def _clog2(value: int) -> int:
+    return max(0, (value - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class MvmConfig:
+    """Parameters of one matrix-vector multiplier build.
+
+    Parameters
+    ----------
+    n : int
+        Native dimension N, a power of two from 4 to 64: a tile is N x N, a native vector
+        has N lanes, a BFP block has N mantissas.
+    tiles : int
+        Tile engines T, 1 to 8. Engine ``t`` holds column tiles ``c`` with ``c % T == t``.
+    mantissa_bits_v, mantissa_bits_w : int
+        Mantissa widths of vector and weight blocks, 2 to 16.
+    mrf_depth : int
+        Tile slots per tile engine (each slot is one N x N tile: N block words, one per
+        dot-product engine), 1 to 65536.
+    max_col_tiles : int
+        Largest number of column tiles C of one product, 1 to 4096; sizes the vector
+        buffer and the BFP-long accumulator.
+    counter_bits : int
+        Width of every saturating event counter, 1 to 64.
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming the parameter and the value when it is not an integer in range.
+    """
+    n: int = 16
+    tiles: int = 2
+    mantissa_bits_v: int = 4
+    mantissa_bits_w: int = 4
+    mrf_depth: int = 512
+    max_col_tiles: int = 64
+    counter_bits: int = 32
+
+    def __post_init__(self):
+        check_int("n", self.n, 4, 64)
+        if self.n & (self.n - 1):
+            raise ValueError(f"n must be a power of two, not {self.n}")
+        check_int("tiles", self.tiles, 1, 8)
+        check_int("mantissa_bits_v", self.mantissa_bits_v, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+        check_int("mantissa_bits_w", self.mantissa_bits_w, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+        check_int("mrf_depth", self.mrf_depth, 1, 65536)
+        check_int("max_col_tiles", self.max_col_tiles, 1, 4096)
+        check_int("counter_bits", self.counter_bits, 1, 64)
+
+    # --- derived widths -------------------------------------------------------------------
+
+    @property
+    def log2_n(self) -> int:
+        return self.n.bit_length() - 1
+
+    @property
+    def vector_block_bits(self) -> int:
+        """Bits of one quantized native vector: exponent code and N mantissas."""
+        return block_bits(self.n, self.mantissa_bits_v)
+
+    @property
+    def weight_block_bits(self) -> int:
+        """Bits of one MRF word (one tile row): exponent code and N mantissas."""
+        return block_bits(self.n, self.mantissa_bits_w)
+
+    @property
+    def product_bits(self) -> int:
+        """Signed width of one mantissa product."""
+        return self.mantissa_bits_v + self.mantissa_bits_w - 1
+
+    @property
+    def dot_bits(self) -> int:
+        """Signed width of a tile dot product (the adder-tree root)."""
+        return self.product_bits + self.log2_n
+
+    @property
+    def acc_lsb(self) -> int:
+        """Exponent of the BFP-long accumulator's LSB (``docs/numerics.md`` section 4)."""
+        return 2 * MVM_EXP_EXACT_MIN - (self.mantissa_bits_v - 2) - (self.mantissa_bits_w - 2)
+
+    @property
+    def max_shift(self) -> int:
+        """Largest left shift of a tile product onto the accumulator grid."""
+        return (2 * FP16_MAX_EXP - (self.mantissa_bits_v - 2) - (self.mantissa_bits_w - 2)
+                - self.acc_lsb)
+
+    @property
+    def acc_bits(self) -> int:
+        """Signed width of the BFP-long accumulator; no sum of up to ``max_col_tiles``
+        tile products can overflow it."""
+        return _clog2(self.max_col_tiles * self.n) + 33 - self.acc_lsb
+
+    @property
+    def col_groups_max(self) -> int:
+        """Column-tile groups (cycles per row block) of the widest product."""
+        return -(-self.max_col_tiles // self.tiles)
+
+    @property
+    def macs_per_cycle(self) -> int:
+        return self.tiles * self.n * self.n
