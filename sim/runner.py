@@ -149,7 +149,9 @@ def _run_dir_name() -> str:
     """A directory name for this pytest test (or "manual" outside pytest)."""
     current = os.environ.get("PYTEST_CURRENT_TEST", "")
     node = current.rsplit(" (", 1)[0] if current else "manual"
-    node = node.split("::", 1)[-1]
+    # "tests/test_x.py::test_y[icarus]" -> "test_x-test_y_icarus": unique, yet short.
+    path, _, func = node.partition("::")
+    node = f"{Path(path).stem}-{func}" if func else node
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", node).strip("_") or "test"
     if len(safe) > 80:  # keep paths short; the hash keeps long names unique
         safe = safe[:60] + "-" + hashlib.sha1(node.encode()).hexdigest()[:12]
@@ -237,7 +239,10 @@ def run_cocotb(
     # What the build leaves behind; if it is gone the cache is not trusted.
     product = build_dir / (name if simulator == "verilator" else "sim.vvp")
 
-    runner = get_runner(simulator)
+    try:
+        runner = get_runner(simulator)
+    except SystemExit as e:  # cocotb exits if the simulator is not on PATH
+        raise RuntimeError(f"{e} (`make sysdeps` installs the simulators)") from None
     lock_file = BUILD_ROOT / name / f".{simulator}.lock"
     wave_env = {"WAVES": "1" if waves else "0"}
 
@@ -282,6 +287,8 @@ def run_cocotb(
     results_xml = run_dir / "results.xml"
     results_xml.unlink(missing_ok=True)
     env = {**(extra_env or {}), **wave_env}
+    if seed is not None:  # else an exported COCOTB_RANDOM_SEED would beat `seed`
+        env["COCOTB_RANDOM_SEED"] = str(seed)
     sim_error = None
     with _locked(lock_file, fcntl.LOCK_SH), _patched_environ(env):
         if not key_file.is_file() or key_file.read_text() != key:
