@@ -117,3 +117,46 @@ class MvmConfig:
     @property
     def macs_per_cycle(self) -> int:
         return self.tiles * self.n * self.n
+
+    # --- placement of a logical matrix in the MRF ----------------------------------------
+
+    def slots_needed(self, row_tiles: int, col_tiles: int) -> int:
+        """Tile slots (per engine) that a product of ``row_tiles x col_tiles`` tiles uses.
+
+        ``row_tiles * ceil(col_tiles / tiles)``: each engine holds ``G = ceil(C/T)`` slots
+        per row of tiles, and the product computes one group of ``T`` tiles per cycle.
+
+        Raises
+        ------
+        TypeError, ValueError
+            naming the argument when it is not an integer >= 1 (``col_tiles`` at most
+            ``max_col_tiles``).
+        """
+        row_tiles = check_int("row_tiles", row_tiles, 1)
+        col_tiles = check_int("col_tiles", col_tiles, 1, self.max_col_tiles)
+        return row_tiles * -(-col_tiles // self.tiles)
+
+    def tile_slot(self, base: int, r: int, c: int, col_tiles: int) -> tuple[int, int]:
+        """Where tile ``(r, c)`` of a product with ``col_tiles`` column tiles lives.
+
+        Returns ``(engine, slot)``: engine ``c % tiles``, slot ``base + r*G + c // tiles``
+        with ``G = ceil(col_tiles / tiles)``. Row ``i`` of the tile is the word at that
+        slot in dot-product engine ``i`` of that engine. ``docs/mvm.md`` has the picture.
+
+        Raises
+        ------
+        TypeError, ValueError
+            naming the argument when it is not an integer in range (``c < col_tiles``,
+            the slot inside ``mrf_depth``).
+        """
+        col_tiles = check_int("col_tiles", col_tiles, 1, self.max_col_tiles)
+        base = check_int("base", base, 0, self.mrf_depth - 1)
+        r = check_int("r", r, 0)
+        c = check_int("c", c, 0, col_tiles - 1)
+        groups = -(-col_tiles // self.tiles)
+        slot = base + r * groups + c // self.tiles
+        if slot >= self.mrf_depth:
+            raise ValueError(f"tile ({r}, {c}) of a product at base {base} with {col_tiles} "
+                             f"column tiles needs slot {slot}, beyond mrf_depth "
+                             f"{self.mrf_depth}")
+        return c % self.tiles, slot
