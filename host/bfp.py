@@ -184,7 +184,10 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
                              f"the block shape {blocks.shape[:-1]}") from None
 
     # Scaling by a power of two is exact (ldexp), so the rounding below sees exact values.
-    scaled = np.ldexp(np.abs(blocks), (m - 2 - exps)[..., None])
+    with np.errstate(over="ignore"):        # static exponents may scale far past the top
+        scaled = np.ldexp(np.abs(blocks), (m - 2 - exps)[..., None])
+    # Everything at or above 2**m saturates; clipping there keeps inf out of the rounding.
+    scaled = np.minimum(scaled, scaled.dtype.type(2.0 ** m))
     magnitude = _round_to_int(scaled, rounding)
     top = mantissa_max(m)
     clamped = magnitude > top
