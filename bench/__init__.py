@@ -36,7 +36,11 @@ def available() -> dict[str, str]:
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
+        try:
+            module = importlib.import_module(f"{__name__}.{info.name}")
+        except Exception as exc:            # listed, so that running it reports the error
+            found[info.name] = f"(cannot be imported: {type(exc).__name__}: {exc})"
+            continue
         run = getattr(module, "run", None)
         if callable(run):
             doc = (run.__doc__ or module.__doc__ or "").strip()
@@ -55,7 +59,7 @@ def load(name: str):
     names = available()
     if name not in names:
         raise ValueError(f"no benchmark named {name!r}; available: {', '.join(names)}")
-    return importlib.import_module(f"{__name__}.{name}").run
+    return importlib.import_module(f"{__name__}.{name}").run    # raises its import error
 
 
 def record(name: str, value, unit: str, **config) -> dict:
