@@ -1,0 +1,305 @@
+"""cocotb bench for :class:`hw.fp16_arith.Fp16Binary` (``tests/test_fp16_arith_hw.py``).
+
+Every vector carries one operation for all its lanes; vectors of different operations
+are interleaved, so the run-time operation switch is exercised all the time. Every
+output lane is checked, in order: result bits, ``overflow`` and ``nan_created``.
+
+* ``test_conformance``: Berkeley TestFloat ``f16_add``, ``f16_sub`` (also as ``b_sub_a``
+  with the operands swapped) and ``f16_mul`` (``.rne``), all 46,464 cases each, NaN
+  results exactly ``0x7E00``, ``overflow`` equal to TestFloat's overflow flag and
+  ``nan_created`` to its invalid flag without a NaN operand; ``max`` against the maximum
+  derived from ``f16_lt`` and ``f16_le`` (:func:`sim.fp16_vectors.max_from_compare`).
+* ``test_model``: every pair of the special operands under every operation, then random
+  and hard-case pairs (:func:`sim.fp16_vectors.random_pairs`), against
+  :func:`host.fp16.binary_bits` and :func:`host.fp16.binary_events_bits`.
+* ``test_latency``: the documented latency and one vector per cycle.
+
+The conformance and model tests run with and without random input gaps and output
+back-pressure; the sink checks that a stalled output holds its payload and that nothing
+comes out that did not go in.
+
+Parameters from the environment (set by the pytest wrapper): ``FP16A_LANES``,
+``FP16A_LATENCY``, ``FP16A_COUNT`` (random pairs per ``test_model`` run).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import deque
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ReadOnly, RisingEdge
+
+from host.fp16 import CANONICAL_NAN, BinaryOp, binary_bits, binary_events_bits
+from sim.fp16_vectors import (
+    FLAG_INVALID, FLAG_OVERFLOW, SPECIALS, find_testfloat, is_nan, max_from_compare,
+    random_pairs, read_testfloat,
+)
+
+LANES = int(os.environ.get("FP16A_LANES", "8"))
+LATENCY = int(os.environ.get("FP16A_LATENCY", "6"))
+COUNT = int(os.environ.get("FP16A_COUNT", "20000"))
+
+
+# --- vectors: (op, a lanes, b lanes, expected result, overflow, nan_created) ----------------
+
+class Batch:
+    """Pairs under one operation with their expected outputs (NumPy arrays)."""
+
+    def __init__(self, op, a, b, result, overflow, nan_created, what):
+        self.op, self.a, self.b = op, a, b
+        self.result, self.overflow, self.nan_created = result, overflow, nan_created
+        self.what = what
+
+    @classmethod
+    def from_model(cls, op, a, b, what):
+        ev = binary_events_bits(op, a, b)
+        return cls(op, a, b, binary_bits(op, a, b), ev.overflow, ev.nan_created, what)
+
+    def vectors(self):
+        """Split into vectors of LANES lanes; the last is padded with the first pair."""
+        n = len(self.a)
+        pad = -n % LANES
+        idx = np.concatenate([np.arange(n), np.zeros(pad, dtype=np.int64)])
+        for k in range(0, n + pad, LANES):
+            sel = idx[k:k + LANES]
+            yield Vector(self, sel)
+
+
+class Vector:
+    def __init__(self, batch: Batch, sel):
+        self.batch, self.sel = batch, sel
+
+    def word(self) -> int:
+        """The i_stream payload: a lanes, b lanes, then the op code."""
+        b = self.batch
+        w = b.op.value << (32 * LANES)
+        for j, i in enumerate(self.sel):
+            w |= int(b.a[i]) << (16 * j)
+            w |= int(b.b[i]) << (16 * (LANES + j))
+        return w
+
+    def check(self, word: int, log) -> int:
+        """Compare one o_stream payload; log and return the number of bad lanes."""
+        b = self.batch
+        bad = 0
+        for j, i in enumerate(self.sel):
+            got = ((word >> (16 * j)) & 0xFFFF, (word >> (16 * LANES + j)) & 1,
+                   (word >> (17 * LANES + j)) & 1)
+            exp = (int(b.result[i]), int(b.overflow[i]), int(b.nan_created[i]))
+            if got != exp:
+                bad += 1
+                log.error("%s: %s(%04X, %04X) lane %d: got %04X overflow %d nan_created %d, "
+                          "expected %04X %d %d", b.what, b.op.name, int(b.a[i]), int(b.b[i]),
+                          j, *got, *exp)
+        return bad
+
+
+def testfloat_batches() -> list[Batch]:
+    """Every TestFloat case of add, sub (as a - b and as b - a), mul, and max from lt/le."""
+    batches = []
+    for op, name, swap in [(BinaryOp.ADD, "f16_add.rne.txt.gz", False),
+                           (BinaryOp.A_SUB_B, "f16_sub.rne.txt.gz", False),
+                           (BinaryOp.B_SUB_A, "f16_sub.rne.txt.gz", True),
+                           (BinaryOp.MUL, "f16_mul.rne.txt.gz", False)]:
+        v = read_testfloat(find_testfloat(name))
+        a, b = (v.b, v.a) if swap else (v.a, v.b)
+        result = np.where(is_nan(v.result), CANONICAL_NAN, v.result).astype(np.uint16)
+        overflow = (v.flags & FLAG_OVERFLOW) != 0
+        # TestFloat raises invalid for signalling NaN operands too: those propagate.
+        created = ((v.flags & FLAG_INVALID) != 0) & ~is_nan(a) & ~is_nan(b)
+        batches.append(Batch(op, a, b, result, overflow, created, f"{name} as {op.name}"))
+    for name in ("f16_lt.rne.txt.gz", "f16_le.rne.txt.gz"):
+        v = read_testfloat(find_testfloat(name))
+        none = np.zeros(len(v.a), dtype=bool)
+        batches.append(Batch(BinaryOp.MAX, v.a, v.b, max_from_compare(v.a, v.b, v.result),
+                             none, none, f"max from {name}"))
+    return batches
+
+
+def model_batches(rng: np.random.Generator, count: int) -> list[Batch]:
+    """Every pair of special operands under every op, then ``count`` random pairs."""
+    sa, sb = (g.ravel() for g in np.meshgrid(SPECIALS, SPECIALS))
+    batches = [Batch.from_model(op, sa, sb, "specials") for op in BinaryOp]
+    per_op = -(-count // len(BinaryOp))
+    for op in BinaryOp:
+        a, b = random_pairs(rng, per_op)
+        batches.append(Batch.from_model(op, a, b, "random"))
+    return batches
+
+
+def interleave(rng: random.Random, batches: list[Batch]) -> list[Vector]:
+    """All vectors of all batches in a random order (ops change from vector to vector)."""
+    vectors = [v for b in batches for v in b.vectors()]
+    rng.shuffle(vectors)
+    return vectors
+
+
+# --- stream driver and monitor -----------------------------------------------------------
+
+class StreamSource:
+    """Drives ``i_stream``: a word is offered and held until taken; random gaps between."""
+
+    def __init__(self, dut, rng: random.Random, idle: float):
+        self._clk = dut.clk
+        self._valid = dut.i_stream__valid
+        self._ready = dut.i_stream__ready
+        self._payload = dut.i_stream__payload
+        self._rng = rng
+        self._idle = idle
+        self.accept_cycles: list[int] = []
+
+    async def send(self, words, cycle_counter) -> None:
+        pending = deque(words)
+        offering = False
+        while pending:
+            await RisingEdge(self._clk)
+            if not offering and self._rng.random() >= self._idle:
+                self._payload.value = pending[0]
+                offering = True
+            self._valid.value = int(offering)
+            await ReadOnly()
+            if offering and self._ready.value == 1:
+                pending.popleft()
+                offering = False
+                self.accept_cycles.append(cycle_counter())
+        await RisingEdge(self._clk)
+        self._valid.value = 0
+
+
+class StreamSink:
+    """Takes ``o_stream`` words with random back-pressure; checks held payloads."""
+
+    def __init__(self, dut, rng: random.Random, busy: float):
+        self._clk = dut.clk
+        self._valid = dut.o_stream__valid
+        self._ready = dut.o_stream__ready
+        self._payload = dut.o_stream__payload
+        self._rng = rng
+        self._busy = busy
+        self.words: list[int] = []
+        self.cycles: list[int] = []
+        self.stalls = 0
+
+    async def receive(self, count: int, max_cycles: int, cycle_counter) -> None:
+        held = None                       # payload seen with valid and not ready
+        for _ in range(max_cycles):
+            if len(self.words) == count:
+                break
+            await RisingEdge(self._clk)
+            ready = int(self._rng.random() >= self._busy)
+            self._ready.value = ready
+            await ReadOnly()
+            valid = self._valid.value == 1
+            if held is not None:
+                assert valid, "o_stream.valid dropped before the transfer"
+                word = int(self._payload.value)
+                assert word == held, (
+                    f"o_stream payload changed under back-pressure: {held:#x} -> {word:#x}")
+            if valid:
+                word = int(self._payload.value)
+                if ready:
+                    self.words.append(word)
+                    self.cycles.append(cycle_counter())
+                    held = None
+                else:
+                    held = word
+                    self.stalls += 1
+        assert len(self.words) == count, (
+            f"stalled: {len(self.words)} of {count} outputs in {max_cycles} cycles")
+        # Nothing more may come out.
+        await RisingEdge(self._clk)
+        self._ready.value = 1
+        for _ in range(LATENCY + 2):
+            await ReadOnly()
+            assert self._valid.value == 0, "o_stream produced more outputs than inputs"
+            await RisingEdge(self._clk)
+
+
+class TB:
+    """Clock, reset, a stream source and sink, and the comparison with expectations."""
+
+    def __init__(self, dut, stalls: bool):
+        self.dut = dut
+        self.rng = random.Random(random.getrandbits(64))
+        self.np_rng = np.random.default_rng(self.rng.getrandbits(64))
+        self.source = StreamSource(dut, self.rng, idle=0.3 if stalls else 0.0)
+        self.sink = StreamSink(dut, self.rng, busy=0.4 if stalls else 0.0)
+        self.cycle = 0
+
+    async def _count(self):
+        while True:
+            await RisingEdge(self.dut.clk)
+            self.cycle += 1
+
+    async def start(self):
+        Clock(self.dut.clk, 10, unit="ns").start()
+        self.dut.rst.value = 1                   # synchronous, active high
+        self.dut.i_stream__valid.value = 0
+        self.dut.o_stream__ready.value = 0
+        for _ in range(3):
+            await RisingEdge(self.dut.clk)
+        self.dut.rst.value = 0
+        cocotb.start_soon(self._count())
+
+    async def run(self, vectors: list[Vector], what: str) -> None:
+        """Send ``vectors``, receive as many outputs, check every lane."""
+        self.source.accept_cycles.clear()
+        self.sink.words.clear()
+        self.sink.cycles.clear()
+        self.sink.stalls = 0
+        n = len(vectors)
+        recv = cocotb.start_soon(self.sink.receive(n, 20 * n + 100, lambda: self.cycle))
+        await self.source.send([v.word() for v in vectors], lambda: self.cycle)
+        await recv
+        bad = 0
+        for v, word in zip(vectors, self.sink.words):
+            if bad < 20:
+                bad += v.check(word, self.dut._log)
+            else:
+                bad += v.check(word, _Quiet())
+        pairs = sum(len(v.sel) for v in vectors)
+        self.dut._log.info("%s: %d vectors (%d lanes), %d bad lanes, %d output stalls",
+                           what, n, pairs, bad, self.sink.stalls)
+        assert not bad, f"{what}: {bad} of {pairs} lanes differ"
+
+
+class _Quiet:
+    def error(self, *args):
+        pass
+
+
+@cocotb.test()
+async def test_latency(dut):
+    """Without stalls, output k leaves LATENCY cycles after input k, one per cycle."""
+    tb = TB(dut, stalls=False)
+    await tb.start()
+    vectors = interleave(tb.rng, model_batches(tb.np_rng, 64 * LANES))[:64]
+    await tb.run(vectors, "latency burst")
+    acc, out = tb.source.accept_cycles, tb.sink.cycles
+    assert all(b - a == 1 for a, b in zip(acc, acc[1:])), "input not accepted every cycle"
+    lat = [o - a for a, o in zip(acc, out)]
+    assert set(lat) == {LATENCY}, f"latency {sorted(set(lat))}, documented {LATENCY}"
+
+
+@cocotb.test()
+@cocotb.parametrize(stalls=[False, True])
+async def test_conformance(dut, stalls):
+    """TestFloat add/sub/mul (all cases) and max from lt/le; bits and flags exact."""
+    tb = TB(dut, stalls)
+    await tb.start()
+    batches = testfloat_batches()
+    assert all(len(b.a) == 46_464 for b in batches)
+    await tb.run(interleave(tb.rng, batches), "TestFloat")
+
+
+@cocotb.test()
+@cocotb.parametrize(stalls=[False, True])
+async def test_model(dut, stalls):
+    """Special operand pairs and random pairs against host.fp16, all five operations."""
+    tb = TB(dut, stalls)
+    await tb.start()
+    await tb.run(interleave(tb.rng, model_batches(tb.np_rng, COUNT)), "model")

@@ -1,0 +1,153 @@
+# amaranth: UnusedElaboratable=no
+"""Tests of :class:`hw.fp16_arith.Fp16Binary`, the MFUs' FP16 add/sub/mul/max unit.
+
+* Simulator tests (cocotb bench ``sim/test_fp16_arith.py``, Verilator and Icarus, 8 lanes):
+  every TestFloat ``f16_add``/``f16_sub``/``f16_mul`` case (sub also as ``b_sub_a``) and
+  ``max`` from ``f16_lt``/``f16_le``, and special plus random pairs against
+  :mod:`host.fp16`, each with and without input gaps and output back-pressure, the
+  operation changing from vector to vector; the latency.
+* Amaranth's own simulator on one and three lanes (every pair of special operands).
+* Constructor validation and the payload layouts.
+
+The TestFloat files are looked up in ``$NPU_CONFORMANCE_DIR`` or ``<repo>/../shared/
+conformance`` (``testfloat/`` below it); if they are missing the tests fail.
+"""
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from host.fp16 import BinaryOp, binary_bits, binary_events_bits
+from hw.fp16_arith import LATENCY, Fp16Binary, input_layout, output_layout
+from sim.fp16_vectors import SPECIALS, find_testfloat, random_pairs
+from sim.runner import run_cocotb
+
+BENCH = "sim.test_fp16_arith"
+BOTH_STALLS = ("/stalls=False", "/stalls=True")
+TESTFLOAT_FILES = ("f16_add.rne.txt.gz", "f16_sub.rne.txt.gz", "f16_mul.rne.txt.gz",
+                   "f16_lt.rne.txt.gz", "f16_le.rne.txt.gz")
+
+
+def _cases(*names):
+    return [n + s for n in names for s in BOTH_STALLS]
+
+
+def run_bench(simulator, *, lanes, testcases, count=0):
+    dut = Fp16Binary(lanes=lanes)
+    run_cocotb(
+        name=f"fp16_binary_l{lanes}",
+        component=dut,
+        test_module=BENCH,
+        simulator=simulator,
+        testcase=",".join(testcases),
+        extra_env={
+            "FP16A_LANES": str(lanes),
+            "FP16A_LATENCY": str(dut.latency),
+            "FP16A_COUNT": str(count),
+        },
+    )
+
+
+def test_conformance(simulator):
+    for name in TESTFLOAT_FILES:          # fail here, with the path, if one is missing
+        try:
+            find_testfloat(name)
+        except FileNotFoundError as e:
+            pytest.fail(str(e))
+    run_bench(simulator, lanes=8, testcases=["test_latency", *_cases("test_conformance")])
+
+
+def test_model(simulator):
+    # Verilator runs about 15 times faster than Icarus: give it ten times the pairs.
+    count = 400_000 if simulator == "verilator" else 40_000
+    run_bench(simulator, lanes=8, count=count, testcases=_cases("test_model"))
+
+
+# --- Amaranth simulator: every pair of special operands, odd lane counts ------------------
+
+def _pysim(lanes, ops, a, b):
+    """Run pairs through the unit (each op on every pair); return (result, ovf, nan)."""
+    dut = Fp16Binary(lanes=lanes)
+    n = len(a)
+    pad = -n % lanes
+    a = np.concatenate([a, np.zeros(pad, np.uint16)])
+    b = np.concatenate([b, np.zeros(pad, np.uint16)])
+    jobs = [(op, k) for op in ops for k in range(0, n + pad, lanes)]
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.o_stream.ready, 1)
+        sent = 0
+        while len(got) < len(jobs):
+            if sent < len(jobs):
+                op, k = jobs[sent]
+                ctx.set(dut.i_stream.valid, 1)
+                ctx.set(dut.i_stream.payload,
+                        {"a": [int(x) for x in a[k:k + lanes]],
+                         "b": [int(x) for x in b[k:k + lanes]], "op": op})
+            else:
+                ctx.set(dut.i_stream.valid, 0)
+            _, _, ready, valid, payload = await ctx.tick().sample(
+                dut.i_stream.ready, dut.o_stream.valid, dut.o_stream.payload)
+            sent += int(ready and sent < len(jobs))
+            if valid:
+                got.append([(int(payload.result[j]), int(payload.overflow[j]),
+                             int(payload.nan_created[j])) for j in range(lanes)])
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    out = {}
+    for (op, k), lanes_out in zip(jobs, got):
+        out.setdefault(op, []).extend(lanes_out)
+    return {op: np.array(v[:n]) for op, v in out.items()}
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_pysim_specials(lanes):
+    sa, sb = (g.ravel() for g in np.meshgrid(SPECIALS, SPECIALS))
+    ra, rb = random_pairs(np.random.default_rng(lanes), 300)
+    a, b = np.concatenate([sa, ra]), np.concatenate([sb, rb])
+    got = _pysim(lanes, list(BinaryOp), a, b)
+    for op in BinaryOp:
+        ev = binary_events_bits(op, a, b)
+        exp = np.stack([binary_bits(op, a, b), ev.overflow, ev.nan_created], axis=1)
+        bad = np.flatnonzero((got[op] != exp).any(axis=1))
+        assert len(bad) == 0, [f"{op.name}({a[i]:04X}, {b[i]:04X}): got {got[op][i]}, "
+                               f"expected {exp[i]}" for i in bad[:8]]
+
+
+# --- constructor and layouts -----------------------------------------------------------
+
+# Objects built only to inspect them or to see __init__ raise are never elaborated; the
+# first line of this file tells Amaranth not to warn about them.
+
+
+def test_properties():
+    dut = Fp16Binary(lanes=16)
+    assert (dut.lanes, dut.latency) == (16, LATENCY) == (16, 6)
+    assert dut.i_stream.payload.shape() == input_layout(16)
+    assert dut.o_stream.payload.shape() == output_layout(16)
+    assert input_layout(16).size == 32 * 16 + 3
+    assert input_layout(4)["op"].shape is BinaryOp
+    assert (input_layout(4)["op"].offset, output_layout(4)["nan_created"].offset) == \
+        (128, 68)
+
+
+@pytest.mark.parametrize("lanes, error, message", [
+    (0, ValueError, "lanes must be from 1 to 64, not 0"),
+    (65, ValueError, "lanes must be from 1 to 64, not 65"),
+    (2.0, TypeError, "lanes must be an integer, not 2.0"),
+    (True, TypeError, "lanes must be an integer, not True"),
+    (None, TypeError, "lanes must be an integer, not None"),
+])
+def test_constructor_errors(lanes, error, message):
+    with pytest.raises(error) as info:
+        Fp16Binary(lanes=lanes)
+    assert str(info.value) == message
+
+
+def test_keyword_only():
+    with pytest.raises(TypeError):
+        Fp16Binary(4)
