@@ -97,12 +97,12 @@ def _check_float_array(name, x):
 
 
 def _round_to_int(v: np.ndarray, rounding: Rounding) -> np.ndarray:
-    """Round non-negative floats to the nearest integer, exactly, in their own dtype."""
+    """Round finite floats to the nearest integer, exactly, in their own dtype."""
     if rounding is Rounding.NEAREST_EVEN:
         return np.rint(v)
-    whole = np.floor(v)
-    # v - floor(v) is exact in binary floating point, so the tie test is exact.
-    return whole + (v - whole >= 0.5)
+    whole = np.trunc(v)
+    # v - trunc(v) is exact in binary floating point, so the tie test is exact.
+    return whole + np.copysign(np.abs(v - whole) >= 0.5, v)
 
 
 def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
@@ -123,7 +123,8 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
         ``[-127, 127]``; values out of range saturate and are counted.
     nonfinite : ``"error"`` (default) or ``"saturate"``
         With ``"saturate"``, NaN becomes 0 and +-inf the largest finite value of ``x``'s
-        dtype before quantizing (the device rule for FP16), and each is counted.
+        dtype (of float32 for float64 input, since larger values have no E8M0 scale)
+        before quantizing (the device rule for FP16), and each is counted.
 
     Returns
     -------
@@ -152,7 +153,8 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise ValueError(f"x has {int(bad.sum())} non-finite values (first at index "
                              f"{where}: {x[where]!r}); pass nonfinite='saturate' to clamp them")
-        big = np.finfo(x.dtype).max
+        # float64 beyond float32's range has no E8M0 scale, so infinities stop there.
+        big = np.finfo(np.float32 if x.dtype == np.float64 else x.dtype).max
         work = np.where(np.isnan(work), 0, np.clip(work, -big, big)).astype(work.dtype)
 
     length = x.shape[-1]
@@ -163,13 +165,7 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
     blocks = work.reshape(x.shape[:-1] + (nblocks, n))
 
     if exponent is None:
-        amax = np.abs(blocks).max(axis=-1)
-        # frexp is exact: amax = f * 2**p with f in [0.5, 1), so floor(log2(amax)) = p - 1.
-        exps = np.frexp(amax)[1].astype(np.int32) - 1
-        exps = np.where(amax == 0, ZERO_BLOCK_EXP, np.maximum(exps, EXP_MIN))
-        if (exps > EXP_MAX).any():
-            raise ValueError(f"x has values of magnitude >= 2**{EXP_MAX + 1}, beyond the "
-                             f"largest E8M0 scale")
+        exps = _dynamic_exponents(blocks)
     else:
         exps = np.asarray(exponent)
         if not np.issubdtype(exps.dtype, np.integer):
@@ -183,24 +179,60 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
             raise ValueError(f"exponent of shape {np.shape(exponent)} does not broadcast to "
                              f"the block shape {blocks.shape[:-1]}") from None
 
-    # Scaling by a power of two is exact (ldexp), so the rounding below sees exact values.
-    with np.errstate(over="ignore"):        # static exponents may scale far past the top
-        scaled = np.ldexp(np.abs(blocks), (m - 2 - exps)[..., None])
-    # Everything at or above 2**m saturates; clipping there keeps inf out of the rounding.
-    scaled = np.minimum(scaled, scaled.dtype.type(2.0 ** m))
-    magnitude = _round_to_int(scaled, rounding)
+    # Scaling by a power of two is exact (ldexp), so the rounding below sees exact values;
+    # both roundings are symmetric, so signed values are rounded directly.
     top = mantissa_max(m)
-    clamped = magnitude > top
-    q = np.minimum(magnitude, top).astype(np.int16)
-    q = np.where(np.signbit(blocks), -q, q).astype(np.int16)
-
+    with np.errstate(over="ignore"):        # static exponents may scale far past the top
+        scaled = np.ldexp(blocks, (m - 2 - exps)[..., None])
+    # Everything beyond 2**m saturates; clipping there keeps inf out of the rounding.
+    limit = scaled.dtype.type(2.0 ** m)
+    np.clip(scaled, -limit, limit, out=scaled)
+    rounded = _round_to_int(scaled, rounding)
+    clamped = np.abs(rounded) > top
+    q = np.clip(rounded, -top, top).astype(np.int16)
+    saturations = (clamped.sum(axis=-1, dtype=np.int64) if clamped.any()
+                   else np.zeros(blocks.shape[:-1], np.int64))
+    nonfinite = (_count_per_block(bad, n, nblocks) if bad.any()
+                 else np.zeros(blocks.shape[:-1], np.int64))
     return BfpTensor(
         exponents=exps.astype(np.int16),
         mantissas=q.reshape(x.shape[:-1] + (nblocks * n,)),
         block_size=n, mantissa_bits=m, shape=tuple(x.shape),
-        saturations=clamped.sum(axis=-1, dtype=np.int64),
-        nonfinite=_count_per_block(bad, n, nblocks),
+        saturations=saturations, nonfinite=nonfinite,
     )
+
+
+def _block_max(a: np.ndarray) -> np.ndarray:
+    """Maximum over the last axis by pairwise folding (much faster than a short-axis
+    reduction for the small block sizes used here)."""
+    while a.shape[-1] > 1:
+        half = a.shape[-1] // 2
+        folded = np.maximum(a[..., :half], a[..., half:2 * half])
+        if a.shape[-1] % 2:
+            folded[..., 0] = np.maximum(folded[..., 0], a[..., -1])
+        a = folded
+    return a[..., 0]
+
+
+def _dynamic_exponents(blocks: np.ndarray) -> np.ndarray:
+    """``floor(log2(max |x|))`` per block, clamped below at -127; -127 for all-zero blocks.
+
+    Raises ``ValueError`` when a block maximum is 2**128 or more (float64 input only).
+    """
+    if blocks.dtype == np.float32:
+        # The biased FP32 exponent field is the E8M0 code itself: a normal 2**e has
+        # field e + 127, and zeros and subnormals (below 2**-126) have field 0, which is
+        # exactly the clamp to -127. The block maximum of the fields is the block's code.
+        fields = ((blocks.view(np.uint32) >> 23) & 0xFF).astype(np.uint8)
+        return _block_max(fields).astype(np.int32) - E8M0_BIAS
+    amax = _block_max(np.abs(blocks))
+    # frexp is exact: amax = f * 2**p with f in [0.5, 1), so floor(log2(amax)) = p - 1.
+    exps = np.frexp(amax)[1].astype(np.int32) - 1
+    exps = np.where(amax == 0, ZERO_BLOCK_EXP, np.maximum(exps, EXP_MIN))
+    if (exps > EXP_MAX).any():
+        raise ValueError(f"x has values of magnitude >= 2**{EXP_MAX + 1}, beyond the "
+                         f"largest E8M0 scale")
+    return exps
 
 
 def _count_per_block(mask: np.ndarray, n: int, nblocks: int) -> np.ndarray:
