@@ -30,11 +30,11 @@ _BE_W = 2 * _SIG                           # 22
 #: significand's leading one were bit 21. Z >= -12 (smallest product), so K >= 0.
 _K_OFFSET = 12
 _K_BITS = 6                                # K <= 58 (largest product)
-#: The normalizing shift is sh = min(lz, Z - 1) (lz: leading zeros), -13 <= sh <= 22;
-#: it is applied as a left shift by u = sh + 13 of the significand, whose 13 lowest
-#: result bits then fall below the 22-bit window (a right shift, into the sticky bit).
+#: The normalizing shift is sh = min(leading zeros, Z - 1), -13 <= sh <= 22. It is one
+#: left shift of a 35-bit word whose bits 13..34 are the result window: the significand
+#: placed at bit 13 and shifted by sh >= 0, or placed at bit 0 and shifted by sh + 13 = K
+#: (a right shift by -sh relative to the window; what falls below it is sticky).
 _U_OFFSET = 13
-_U_BITS = 6
 
 
 def input_layout(lanes):
@@ -104,13 +104,15 @@ class Fp16Binary(wiring.Component):
     **Pipeline.** :data:`LATENCY` (6) register stages, all advancing together when the
     output register is empty or being read (a global stall):
 
-    1. decode, magnitude compare (operand order and ``MAX``), exponent difference and
-       back-end exponent code, special results;
+    1. decode, magnitude compare (operand order and ``MAX``), exponent difference,
+       special results;
     2. align ``y`` (shift right by up to 15, sticky) | multiply the significands;
-    3. add or subtract | select the sum or the product for the back end;
-    4. leading-zero count, shift amount (normal or subnormal result), sign of a zero;
-    5. shift; exponent field of a normal result;
-    6. sticky, round, overflow, pack; substitute the special result.
+       back-end exponent code;
+    3. add or subtract | select the sum or the product for the back end; marker bit;
+    4. leading-zero count (stopped at the subnormal boundary by a marker bit placed in
+       stage 3), shift amount, sign of a zero result;
+    5. shift; sticky bit; exponent field of a normal result;
+    6. round, overflow, pack; substitute the special result.
 
     With ``o_stream.ready`` high a vector leaves ``o_stream`` 6 cycles after it was
     accepted, and one vector is accepted every cycle. ``i_stream.ready`` depends
@@ -225,16 +227,12 @@ class Fp16Binary(wiring.Component):
         a_gt = comb(1, "a_gt", a[:15] > b[:15])
         mx = comb(_SIG, "mx", Mux(a_gt, ma, mb))
         my = comb(_SIG, "my", Mux(a_gt, mb, ma))
-        ex = comb(FP16_EXP_BITS, "ex", Mux(a_gt, xa, xb))
-        ey = comb(FP16_EXP_BITS, "ey", Mux(a_gt, xb, xa))
+        # Both differences are formed beside the comparator, which only selects: the
+        # comparator's carry chain is the first stage's long path.
+        d = comb(FP16_EXP_BITS, "d", Mux(a_gt, xa - xb, xb - xa))     # ex - ey, 0..29
         # Signs of the addends (a subtraction flips one operand).
         sa_add, sb_add = sa ^ flip_a, sb ^ flip_b
         eff_sub = sa_add ^ sb_add
-        # Back-end exponent code K = Z + 12 (see the module constants):
-        #   sum: the 15-bit sum's bit 14 is one place above x's hidden bit, Z = ex + 1;
-        #   product: value ma*mb * 2**(xa + xb - 50), leading one at bit 21 means exponent
-        #   field xa + xb - 14 = Z.
-        k_code = Mux(is_mul, xa + xb + (_K_OFFSET - 14), ex + (_K_OFFSET + 1))
         sign = Mux(is_mul, sa ^ sb, Mux(a_gt, sa_add, sb_add))
 
         # Special results: NaNs, infinities, MAX.
@@ -247,37 +245,48 @@ class Fp16Binary(wiring.Component):
         # (positive) or the smaller (negative); equal magnitudes have equal bits.
         a_wins = Mux(sa != sb, ~sa, Mux(sa, ~a_gt, a_gt))
         special = is_max | any_nan | a_inf | b_inf
-        special_bits = Mux(any_nan | invalid, CANONICAL_NAN,
-                           Mux(is_max, Mux(a_wins, a, b), Cat(Const(_INF_MAG, 15), inf_sign)))
+        # The NaN is substituted one stage later: it depends on the longest decode.
+        special_bits = Mux(is_max, Mux(a_wins, a, b), Cat(Const(_INF_MAG, 15), inf_sign))
 
-        d = ex - ey                                               # 0..29
         s1_mx = reg(_SIG, f"s1_mx{i}", mx)
         s1_my = reg(_SIG, f"s1_my{i}", my)
         s1_d = reg(FP16_EXP_BITS, f"s1_d{i}", d)
-        s1_k = reg(_K_BITS, f"s1_k{i}", k_code)
+        s1_xa = reg(FP16_EXP_BITS, f"s1_xa{i}", xa)
+        s1_xb = reg(FP16_EXP_BITS, f"s1_xb{i}", xb)
+        s1_a_gt = reg(1, f"s1_a_gt{i}", a_gt)
         s1_sign = reg(1, f"s1_sign{i}", sign)
         s1_sub = reg(1, f"s1_sub{i}", eff_sub & ~is_mul)
         s1_mul = reg(1, f"s1_mul{i}", is_mul)
         s1_special = reg(1, f"s1_special{i}", special)
         s1_sbits = reg(FP16_BITS, f"s1_special_bits{i}", special_bits)
         s1_invalid = reg(1, f"s1_invalid{i}", invalid)
+        s1_nan = reg(1, f"s1_nan{i}", any_nan)
 
         # --- stage 2: align y | multiply ------------------------------------------------------
-        # A shift of 15 or more leaves nothing of y's 14 bits but the sticky bit.
+        # A shift of 14 or more leaves nothing of y's 14 bits but the sticky bit.
         d_sat = Mux(s1_d[4], 15, s1_d[:4])
-        wide = comb(15 + _ADD_W, "align",
-                    Cat(Const(0, 15 + _EXTRA), s1_my) >> d_sat)
+        aligned = comb(_ADD_W, "aligned", Cat(Const(0, _EXTRA), s1_my) >> d_sat)
+        # Bit j of y (weight j + 3 in the 14-bit aligned word) is shifted out iff
+        # j + 3 < d: the sticky bit straight from y and d, beside the shifter.
+        align_sticky = Cat(s1_my[j] & (s1_d > j + _EXTRA) for j in range(_SIG)).any()
         product = comb(_BE_W, "product", s1_mx * s1_my)
+        # Back-end exponent code K = Z + 12 (see the module constants):
+        #   sum: the 15-bit sum's bit 14 is one place above x's hidden bit, Z = ex + 1;
+        #   product: value ma*mb * 2**(xa + xb - 50), leading one at bit 21 means exponent
+        #   field xa + xb - 14 = Z.
+        k_code = Mux(s1_mul, s1_xa + s1_xb + (_K_OFFSET - 14),
+                     Mux(s1_a_gt, s1_xa, s1_xb) + (_K_OFFSET + 1))
         s2_mx = reg(_SIG, f"s2_mx{i}", s1_mx)
-        s2_y = reg(_ADD_W, f"s2_y{i}", wide[15:])
-        s2_sticky = reg(1, f"s2_sticky{i}", wide[:15].any())
+        s2_y = reg(_ADD_W, f"s2_y{i}", aligned)
+        s2_sticky = reg(1, f"s2_sticky{i}", align_sticky)
         s2_prod = reg(_BE_W, f"s2_prod{i}", product)
-        s2_k = reg(_K_BITS, f"s2_k{i}", s1_k)
+        s2_k = reg(_K_BITS, f"s2_k{i}", k_code)
         s2_sign = reg(1, f"s2_sign{i}", s1_sign)
         s2_sub = reg(1, f"s2_sub{i}", s1_sub)
         s2_mul = reg(1, f"s2_mul{i}", s1_mul)
         s2_special = reg(1, f"s2_special{i}", s1_special)
-        s2_sbits = reg(FP16_BITS, f"s2_special_bits{i}", s1_sbits)
+        s2_sbits = reg(FP16_BITS, f"s2_special_bits{i}",
+                       Mux(s1_nan | s1_invalid, CANONICAL_NAN, s1_sbits))
         s2_invalid = reg(1, f"s2_invalid{i}", s1_invalid)
 
         # --- stage 3: add or subtract | select the back end's input --------------------------
@@ -289,7 +298,14 @@ class Fp16Binary(wiring.Component):
         total = comb(_ADD_W + 1, "sum",
                      x15 + (y15 ^ s2_sub.replicate(_ADD_W + 1)) + s2_sub)
         sig = Mux(s2_mul, s2_prod, Cat(Const(0, _BE_W - _ADD_W - 1), total))
+        # The normalizing left shift may not go below exponent field 1: at most Z - 1
+        # = K - 13 places. A one at bit 21 - (K - 13) of the word the leading zeros are
+        # counted in (not of the significand) stops the count there. K < 13 asks for a
+        # right shift (a tiny product): u = K then, whatever the count.
+        marker = Cat(s2_k == (_BE_W - 1 + _U_OFFSET - j) for j in range(_BE_W))
         s3_sig = reg(_BE_W, f"s3_sig{i}", sig)
+        s3_lz_in = reg(_BE_W, f"s3_lz_in{i}", sig | marker)
+        s3_right = reg(1, f"s3_right{i}", s2_k < _U_OFFSET)
         s3_sticky = reg(1, f"s3_sticky{i}", s2_sticky & ~s2_mul)
         s3_k = reg(_K_BITS, f"s3_k{i}", s2_k)
         s3_sign = reg(1, f"s3_sign{i}", s2_sign)
@@ -299,16 +315,19 @@ class Fp16Binary(wiring.Component):
         s3_invalid = reg(1, f"s3_invalid{i}", s2_invalid)
 
         # --- stage 4: leading zeros, shift amount -------------------------------------------
-        # Ones below the 22 bits bound the count by 22 (reached only by a zero significand).
-        padded = Cat(Const((1 << 10) - 1, 10), s3_sig)
-        _, lz = _leading_zeros(padded, 32)
-        lz_u = comb(_U_BITS, "lz_u", lz + _U_OFFSET)
-        # u = min(lz, Z - 1) + 13 = min(lz + 13, K): normalize, but not below field 1.
-        u = Mux(lz_u < s3_k, lz_u, s3_k)
+        # Left shift by lz = min(leading zeros, Z - 1) (normal, or subnormal at field 0),
+        # or right shift by Z - 1 < 0 (K < 13). Both become one left shift of a 35-bit
+        # word: the significand at bit 13 (left) or at bit 0 (right, by 13 - (Z - 1) = K
+        # less than left), shifted by lz or by K; the window is bits 13..34 of the result.
+        # Ones below the 22 bits bound the count by 22 (zero significand and K >= 35).
+        _, lz = _leading_zeros(Cat(Const((1 << 10) - 1, 10), s3_lz_in), 32)
+        amount = Mux(s3_right, s3_k[:4], lz)                  # 0..22
+        base = Mux(s3_right, s3_sig, Cat(Const(0, _U_OFFSET), s3_sig))
         # An exact zero sum of opposite signs is +0 (x + (-x) = +0, round to nearest).
         zero = ~s3_sig.any()
-        s4_sig = reg(_BE_W, f"s4_sig{i}", s3_sig)
-        s4_u = reg(_U_BITS, f"s4_u{i}", u)
+        s4_base = reg(_BE_W + _U_OFFSET, f"s4_base{i}", base)
+        s4_amount = reg(FP16_EXP_BITS, f"s4_amount{i}", amount)
+        s4_right = reg(1, f"s4_right{i}", s3_right)
         s4_k = reg(_K_BITS, f"s4_k{i}", s3_k)
         s4_sticky = reg(1, f"s4_sticky{i}", s3_sticky)
         s4_sign = reg(1, f"s4_sign{i}", s3_sign & ~(zero & s3_sub))
@@ -317,12 +336,19 @@ class Fp16Binary(wiring.Component):
         s4_invalid = reg(1, f"s4_invalid{i}", s3_invalid)
 
         # --- stage 5: shift; exponent field if normal ---------------------------------------
-        shifted = comb(_U_OFFSET + _BE_W, "shifted",
-                       (s4_sig << s4_u)[:_U_OFFSET + _BE_W])
-        # Z - sh = K + 1 - u >= 1; the result is normal iff bit 21 is set after the shift.
-        field = s4_k + 1 - s4_u
-        s5_sig = reg(_BE_W, f"s5_sig{i}", shifted[_U_OFFSET:])
-        s5_sticky = reg(1, f"s5_sticky{i}", s4_sticky | shifted[:_U_OFFSET].any())
+        width = _BE_W + _U_OFFSET                              # 35
+        shifted = comb(width, "shifted", (s4_base << s4_amount)[:width])
+        # Window bits 13..34: significand 24..34 (hidden bit 34), guard 23, sticky below.
+        # Base bit p lands at p + amount, under the guard bit iff p + amount < 23:
+        # formed from the base and the amount beside the shifter.
+        guard_at = width - _SIG - 1                            # 23
+        sticky = s4_sticky | Cat(s4_base[p] & (s4_amount < guard_at - p)
+                                 for p in range(guard_at)).any()
+        # Exponent field if the result is normal: Z - lz = K - 12 - lz; a right-shifted
+        # result is subnormal unless rounding carries it to field 1.
+        field = Mux(s4_right, 1, s4_k - _K_OFFSET - s4_amount)
+        s5_sig = reg(_SIG + 1, f"s5_sig{i}", shifted[guard_at:])
+        s5_sticky = reg(1, f"s5_sticky{i}", sticky)
         s5_field = reg(_K_BITS, f"s5_field{i}", field)
         s5_sign = reg(1, f"s5_sign{i}", s4_sign)
         s5_special = reg(1, f"s5_special{i}", s4_special)
@@ -330,16 +356,15 @@ class Fp16Binary(wiring.Component):
         s5_invalid = reg(1, f"s5_invalid{i}", s4_invalid)
 
         # --- stage 6: round, overflow, pack ---------------------------------------------------
-        # Significand s5_sig[11:22] (hidden bit 21), guard bit 10, sticky below.
-        hidden = s5_sig[_BE_W - 1]
-        lsb = s5_sig[_BE_W - _SIG]
-        guard = s5_sig[_BE_W - _SIG - 1]
-        sticky = s5_sticky | s5_sig[:_BE_W - _SIG - 1].any()
-        round_up = guard & (sticky | lsb)
+        # s5_sig: the guard bit, then the significand (the hidden bit on top).
+        hidden = s5_sig[_SIG]
+        lsb = s5_sig[1]
+        guard = s5_sig[0]
+        round_up = guard & (s5_sticky | lsb)
         # A carry out of the fraction moves to the next binade (or from the largest
         # subnormal to the smallest normal, or from 65504 to inf) through the field.
         packed = comb(15, "packed",
-                      Cat(s5_sig[_BE_W - _SIG:_BE_W - 1],
+                      Cat(s5_sig[1:_SIG],
                           Mux(hidden, s5_field[:FP16_EXP_BITS], 0)) + round_up)
         big = hidden & (s5_field >= _EXP_ALL)
         over = big | packed[FP16_FRAC_BITS:].all()
