@@ -21,9 +21,8 @@ decision the caller makes (``x.astype(np.float16)``), never one made silently he
 ``2**17``, so it needs at most 41 significant bits; the exact product has at most 22.
 Both are therefore computed *exactly* in ``float64`` (53 bits). NumPy's ``float64`` to
 ``float16`` cast then rounds that exact value once, to nearest with ties to even,
-subnormals and overflow to infinity included. (A cast through ``float32`` would not hurt
-either: a sum near an FP16 rounding boundary has at most 23 significant bits and a product
-22, so ``float32`` holds them exactly too.) The claim is not taken on trust:
+subnormals and overflow to infinity included (directly, not through ``float32``). The
+claim is not taken on trust:
 ``tests/test_fp16_model.py`` checks the model against every Berkeley TestFloat ``f16_add``,
 ``f16_sub`` and ``f16_mul`` vector, against an exact ``fractions.Fraction`` reference and
 against an independent integer implementation on millions of pairs.
