@@ -78,7 +78,8 @@ class Fp16Unary(wiring.Component):
     9. shift amount: subnormal or complement alignment; 10. right shift.
     11. complement ``1 - v`` (sigmoid of x >= 0, tanh of |x| >= 1/2) by inversion,
         normalization.
-    12. round, pack, overflow to infinity, special results, events; output register.
+    12. round (one increment), pick the exponent field and overflow prepared in 11,
+        special results, events; output register.
 
     The pipeline has :data:`LATENCY` (12) register stages that all advance together
     when the output register is empty or being read (a global stall): a vector leaves
@@ -445,15 +446,23 @@ class Fp16Unary(wiring.Component):
             # 1 - v = A * 2**-20, A = 2**20 - 1 - floor(v * 2**20): the 20-bit inverse
             a10 = w(Y_BITS, "a10", ~ysh10)
             nc = w(1, "nc10", a10[_WF])
-            g_c = w(14, "gc10", Mux(nc, a10 >> (_WF - 11), a10 >> (_WF - 12)))
-            g11 = r(14, "g11", Mux(direct10, ysh10[:14], g_c))
-            base11 = r(7, "base11", Mux(direct10, base10, 12 + nc))
+            g_c = w(12, "gc10", Mux(nc, a10 >> (_WF - 11), a10 >> (_WF - 12)))
+            # the kept bits and the guard bit (y < 2**20 shifted by >= 7 + n: 12 bits)
+            g11 = r(12, "g11", Mux(direct10, ysh10[:12], g_c))
+            # The significand (g + 1) >> 1 is at most 2048, so it adds 0, 1 or 2 to the
+            # exponent field: the three sums and their overflow tests are made here,
+            # from the field alone, and stage 12 only picks one.
+            base = w(7, "base_sel10", Mux(direct10, base10, 12 + nc))
+            field11 = [r(5, f"field{k}_11", (base + k)[:5]) for k in range(3)]
+            over11 = [r(1, f"over{k}_11", base + k >= 31) for k in range(3)]
 
             # -- stage 12 (output register): round, pack, specials ------------------------------
             sig11 = w(12, "sig11", (g11 + 1) >> 1)
-            packed = w(18, "packed11", (base11 << 10) + sig11)
-            dp_ovf = w(1, "dp_ovf11", packed >= 0x7C00)
-            dp_mag = w(15, "dp_mag11", Mux(dp_ovf, 0x7C00, packed[:15]))
+            carry = sig11[10:12]
+            dp_ovf = w(1, "dp_ovf11", Mux(carry[1], over11[2],
+                                           Mux(carry[0], over11[1], over11[0])))
+            field = Mux(carry[1], field11[2], Mux(carry[0], field11[1], field11[0]))
+            dp_mag = w(15, "dp_mag11", Mux(dp_ovf, 0x7C00, Cat(sig11[:10], field)))
         else:
             dp_ovf = Const(0, 1)
             dp_mag = Const(0, 15)
