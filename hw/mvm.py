@@ -1,0 +1,653 @@
+"""The matrix-vector multiplier (MVM): vector quantizer, T tile engines holding the matrix
+register file (MRF), BFP-long accumulation and FP16 output conversion.
+
+``docs/mvm.md`` describes the architecture, the ports, where a logical matrix lives in the
+MRF, the pipeline and its cycle counts; ``docs/numerics.md`` the arithmetic, which
+:func:`host.numerics.mvm` models bit for bit.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from host.config import MvmConfig
+from host.formats import (
+    E8M0_BIAS, FP16_BITS, MVM_EXP_MAX, Rounding, block_layout,
+)
+
+from .fp16_convert import LATENCY as CONVERTER_LATENCY
+from .fp16_convert import FixedToFp16
+from .mvm_accumulator import BfpAccumulator
+from .quantizer import LATENCY as QUANTIZER_LATENCY
+from .quantizer import VectorQuantizer
+from .tile_engine import NARROW_WIDTH_BITS, TileEngine, fit_thermometer, popcount
+
+__all__ = [
+    "Mvm", "command_layout", "weight_row_layout", "mrf_word_layout", "mrf_address_layout",
+    "latency", "compute_latency", "output_fifo_depth", "EXPONENT_CODE_MAX",
+    "NARROW_WIDTH_MAX",
+]
+
+#: Largest exponent code the MVM accepts in a weight word or a static vector exponent
+#: (``127 + MVM_EXP_MAX`` = 142); larger codes, 0xFF included, are rejected.
+EXPONENT_CODE_MAX = E8M0_BIAS + MVM_EXP_MAX
+#: Largest narrow-accumulator width ``k`` (``docs/numerics.md`` section 5).
+NARROW_WIDTH_MAX = 64
+
+#: Stages of the command check (field checks and G; R*G; slot range).
+_VALIDATE_STAGES = 3
+#: Depth of the FIFOs that carry the addresses of weight rows and the buffer places of
+#: vector blocks beside the quantizers (each holds at most its LATENCY items).
+_WSIDE_DEPTH = _VTAG_DEPTH = 8
+#: Commands accepted by the loader and not yet started by the sequencer.
+_PARAMS_DEPTH = 8
+
+
+def _engine_bits(config):
+    return max(1, ceil_log2(config.tiles))
+
+
+def mrf_address_layout(config: MvmConfig) -> data.StructLayout:
+    """``{engine, row, slot}``: one MRF word, that is row ``row`` (dot-product engine) of
+    tile slot ``slot`` in tile engine ``engine``."""
+    return data.StructLayout({
+        "engine": unsigned(_engine_bits(config)),
+        "row": unsigned(config.log2_n),
+        "slot": unsigned(TileEngine.slot_bits(config)),
+    })
+
+
+def mrf_word_layout(config: MvmConfig) -> data.StructLayout:
+    """``mrf_w`` payload: an MRF address and the packed block to store there."""
+    return data.StructLayout({
+        "engine": unsigned(_engine_bits(config)),
+        "row": unsigned(config.log2_n),
+        "slot": unsigned(TileEngine.slot_bits(config)),
+        "block": block_layout(config.n, config.mantissa_bits_w),
+    })
+
+
+def weight_row_layout(config: MvmConfig) -> data.StructLayout:
+    """``w_stream`` payload: an MRF address, one FP16 tile row and how to quantize it."""
+    return data.StructLayout({
+        "engine": unsigned(_engine_bits(config)),
+        "row": unsigned(config.log2_n),
+        "slot": unsigned(TileEngine.slot_bits(config)),
+        "values": data.ArrayLayout(unsigned(FP16_BITS), config.n),
+        "rounding": Rounding,
+        "static": unsigned(1),
+        "static_exponent": unsigned(8),
+    })
+
+
+def command_layout(config: MvmConfig) -> data.StructLayout:
+    """``cmd`` payload: one matrix-vector product.
+
+    ``base``: first tile slot; ``row_tiles`` R and ``col_tiles`` C: the matrix is R x C
+    native tiles, placed as :meth:`host.config.MvmConfig.tile_slot` says; ``rounding``,
+    ``static``, ``static_exponent``: how the C input vectors are quantized;
+    ``narrow_width``: ``k`` of the narrow-accumulator check, 1..64.
+    """
+    return data.StructLayout({
+        "base": unsigned(TileEngine.slot_bits(config)),
+        "row_tiles": unsigned(bits_for(config.mrf_depth)),
+        "col_tiles": unsigned(bits_for(config.max_col_tiles)),
+        "rounding": Rounding,
+        "static": unsigned(1),
+        "static_exponent": unsigned(8),
+        "narrow_width": unsigned(NARROW_WIDTH_BITS),
+    })
+
+
+def _group_divider(config, c_bits):
+    """``(mul, shift)`` with ``(x * mul) >> shift == x // T`` for every ``x`` that
+    ``C + T - 1`` can take: G = ceil(C/T) without a divider."""
+    t = config.tiles
+    x_max = (1 << c_bits) - 1 + t - 1
+    for shift in range(64):
+        mul = -(-(1 << shift) // t)
+        if all((x * mul) >> shift == x // t for x in range(x_max + 1)):
+            return mul, shift
+    raise AssertionError("no reciprocal found")  # pragma: no cover
+
+
+def compute_latency(config: MvmConfig) -> int:
+    """Cycles from a group's MRF read to its row block entering the output FIFO: MRF read
+    and output register, dot-product engine, accumulator, FP16 converter."""
+    return (TileEngine.dot_latency_of(config) + BfpAccumulator.result_latency_of(config)
+            + CONVERTER_LATENCY)
+
+
+def output_fifo_depth(config: MvmConfig) -> int:
+    """Row blocks the output FIFO holds: room for every row block in flight at one per
+    cycle, so that without back-pressure the sequencer never waits for credit."""
+    return 1 << ceil_log2(compute_latency(config) + 4)
+
+
+def latency(config: MvmConfig) -> int:
+    """``LATENCY`` in ``cycles = C + R*G + LATENCY`` (``docs/mvm.md`` has the trace).
+
+    Counting edges from the one that takes the command: the command check
+    (``_VALIDATE_STAGES``), then the loader takes it and the C vectors enter the vector
+    quantizer on the next C edges; each block is written into the vector buffer
+    ``QUANTIZER_LATENCY`` edges after its vector entered, and the edge that writes the
+    last one marks the half full; one edge later the sequencer starts, and its R*G group
+    reads follow on the next R*G edges; each row block then needs ``compute_latency``
+    edges to enter the output FIFO and 2 more (FIFO write, buffered read register) to
+    leave on ``y_stream``.
+    """
+    return _VALIDATE_STAGES + QUANTIZER_LATENCY + 1 + compute_latency(config) + 2
+
+
+class Mvm(wiring.Component):
+    """Matrix-vector multiplier: ``y = W x`` with BFP weights held on chip.
+
+    A command (``cmd``) names a matrix of R x C native tiles stored in the MRF from slot
+    ``base`` on; the MVM takes the C native FP16 vectors of ``x`` from ``x_stream``,
+    quantizes them to BFP (``m_v``-bit mantissas), multiplies them with the BFP weights
+    (``m_w``), accumulates each output row exactly in a BFP-long accumulator and sends R
+    native FP16 vectors of ``y`` on ``y_stream``. Results, counters and errors are those
+    of :func:`host.numerics.mvm`, bit for bit, for any number of tile engines.
+
+    Parameters
+    ----------
+    config : MvmConfig
+        The build parameters; every width derives from it.
+
+    Attributes
+    ----------
+    cmd : ``In(stream.Signature(command_layout(config)))``
+        Commands; a bad one (``docs/mvm.md``) sets ``error`` and is dropped.
+    x_stream : ``In(stream.Signature(ArrayLayout(unsigned(16), n)))``
+        The input native vectors of the commands, in order, C per command.
+    y_stream : ``Out(stream.Signature(ArrayLayout(unsigned(16), n)))``
+        The output native vectors, R per command, FP16.
+    w_stream : ``In(stream.Signature(weight_row_layout(config)))``
+        FP16 tile rows quantized on chip (matrix quantizer, ``m_w``) into the MRF.
+    mrf_w : ``In(stream.Signature(mrf_word_layout(config)))``
+        Packed BFP words (``host.bfp.pack`` of a tile row) written into the MRF as they are.
+    mrf_r_req : ``In(stream.Signature(mrf_address_layout(config)))``,
+    mrf_r_resp : ``Out(stream.Signature(block_layout(n, m_w)))``
+        MRF read-back.
+    vector_saturations, vector_nonfinite, weight_saturations, weight_nonfinite,
+    narrow_events, output_saturations : ``Out(counter_bits)``
+        Saturating event counters (``docs/numerics.md`` section 5).
+    clear : ``In(1)``
+        Zeroes every counter (wins over events in the same cycle).
+    error : ``Out(1)``
+        Sticky: a command or an MRF word was rejected.
+    error_clear : ``In(1)``
+        Clears ``error`` (an error detected in the same cycle wins).
+    busy : ``Out(1)``
+        A command, an MRF access or a result is in progress (``docs/mvm.md``).
+    config : MvmConfig
+    latency : int
+        ``LATENCY`` of the cycle formula in ``docs/mvm.md``.
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not an :class:`~host.config.MvmConfig`.
+    """
+
+    def __init__(self, config):
+        if not isinstance(config, MvmConfig):
+            raise TypeError(f"config must be an MvmConfig, not {config!r}")
+        self._config = c = config
+        cb = c.counter_bits
+        super().__init__({
+            "cmd": In(stream.Signature(command_layout(c))),
+            "x_stream": In(stream.Signature(data.ArrayLayout(unsigned(FP16_BITS), c.n))),
+            "y_stream": Out(stream.Signature(data.ArrayLayout(unsigned(FP16_BITS), c.n))),
+            "w_stream": In(stream.Signature(weight_row_layout(c))),
+            "mrf_w": In(stream.Signature(mrf_word_layout(c))),
+            "mrf_r_req": In(stream.Signature(mrf_address_layout(c))),
+            "mrf_r_resp": Out(stream.Signature(block_layout(c.n, c.mantissa_bits_w))),
+            "vector_saturations": Out(cb),
+            "vector_nonfinite": Out(cb),
+            "weight_saturations": Out(cb),
+            "weight_nonfinite": Out(cb),
+            "narrow_events": Out(cb),
+            "output_saturations": Out(cb),
+            "clear": In(1),
+            "error": Out(1),
+            "error_clear": In(1),
+            "busy": Out(1),
+        })
+
+    @property
+    def config(self):
+        """The build parameters."""
+        return self._config
+
+    # --- pipeline geometry (docs/mvm.md) ------------------------------------------------
+
+    @property
+    def compute_latency(self):
+        """See :func:`compute_latency`."""
+        return compute_latency(self._config)
+
+    @property
+    def output_fifo_depth(self):
+        """See :func:`output_fifo_depth`."""
+        return output_fifo_depth(self._config)
+
+    @property
+    def latency(self):
+        """See :func:`latency`."""
+        return latency(self._config)
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        n, tiles = c.n, c.tiles
+        cb = c.counter_bits
+        cmax = (1 << cb) - 1
+
+        # ================================================================================
+        # Sub-units
+        # ================================================================================
+        m.submodules.vector_quantizer = vq = VectorQuantizer(
+            n=n, mantissa_bits=c.mantissa_bits_v, counter_bits=cb)
+        m.submodules.matrix_quantizer = wq = VectorQuantizer(
+            n=n, mantissa_bits=c.mantissa_bits_w, counter_bits=cb)
+        engines = []
+        for t in range(tiles):
+            e = TileEngine(c)
+            m.submodules[f"engine{t}"] = e
+            engines.append(e)
+        m.submodules.accumulator = acc = BfpAccumulator(c)
+        m.submodules.converter = conv = FixedToFp16(
+            lanes=n, width=c.acc_bits, lsb=c.acc_lsb)
+        depth = output_fifo_depth(c)
+        m.submodules.output_fifo = ofifo = fifo.SyncFIFOBuffered(width=n * FP16_BITS,
+                                                                 depth=depth)
+        addr_layout = mrf_address_layout(c)
+        m.submodules.weight_side = wside = fifo.SyncFIFO(width=addr_layout.size,
+                                                         depth=_WSIDE_DEPTH)
+
+        m.d.comb += [vq.clear.eq(self.clear), wq.clear.eq(self.clear)]
+        m.d.comb += [
+            self.vector_saturations.eq(vq.saturations),
+            self.vector_nonfinite.eq(vq.nonfinite),
+            self.weight_saturations.eq(wq.saturations),
+            self.weight_nonfinite.eq(wq.nonfinite),
+        ]
+
+        error_set = []                       # conditions that set the sticky error
+
+        # ================================================================================
+        # Busy terms, defined up front and driven below
+        # ================================================================================
+        cmd_busy = Signal()     # a command is between acceptance and its last MRF read
+        io_busy = Signal()      # an MRF write or read-back is in flight
+
+        # ================================================================================
+        # Command check: V1 (fields, G), V2 (R*G, last group), V3 (slot range)
+        # ================================================================================
+        cl = command_layout(c)
+        c_bits = cl.members["col_tiles"].width
+        mul, shift = _group_divider(c, c_bits)
+        v1 = Signal(name="cmd_v1")
+        v2 = Signal(name="cmd_v2")
+        v3 = Signal(name="cmd_v3")
+        f1 = Signal(cl, name="cmd_f1")
+        f2 = Signal(cl, name="cmd_f2")
+        f3 = Signal(cl, name="cmd_f3")
+        gmax = c.col_groups_max
+        r_max = (1 << cl.members["row_tiles"].width) - 1
+        g2 = Signal(range(gmax + 1), name="cmd_groups_v2")
+        g3 = Signal(range(gmax + 1), name="cmd_groups_v3")
+        err2 = Signal(name="cmd_err_v2")
+        err3 = Signal(name="cmd_err_v3")
+        therm2 = Signal(c.dot_bits - 1, name="cmd_therm_v2")
+        therm3 = Signal(c.dot_bits - 1, name="cmd_therm_v3")
+        rg3 = Signal(range(r_max * gmax + 1), name="cmd_slots_v3")
+        lastmask3 = Signal(tiles, name="cmd_lastmask_v3")
+
+        loader_free = Signal()
+        v3_err = Signal()
+        v3_go = Signal()
+        advance_v = Signal()
+        m.d.comb += [
+            advance_v.eq(~v3 | v3_go),
+            # A command waits for MRF writes and reads already accepted; MRF writes and
+            # reads wait while a command is offered (so the command is not starved).
+            self.cmd.ready.eq(advance_v & ~io_busy),
+        ]
+        with m.If(advance_v):
+            m.d.sync += [
+                v1.eq(self.cmd.valid & ~io_busy),
+                f1.eq(self.cmd.payload),
+                v2.eq(v1), f2.eq(f1),
+                v3.eq(v2), f3.eq(f2),
+            ]
+        # V1: field checks, G = ceil(C / T), the narrow-width thermometer.
+        cc, rr, kk = f1.col_tiles, f1.row_tiles, f1.narrow_width
+        bad_fields = ((cc == 0) | (cc > c.max_col_tiles) | (rr == 0)
+                      | (kk == 0) | (kk > NARROW_WIDTH_MAX)
+                      | (f1.static & (f1.static_exponent > EXPONENT_CODE_MAX)))
+        groups = ((cc + (tiles - 1)) * mul) >> shift
+        with m.If(advance_v):
+            m.d.sync += [
+                err2.eq(bad_fields),
+                g2.eq(groups),
+                therm2.eq(fit_thermometer(kk, c.dot_bits - 1)),
+            ]
+        # V2: R*G slots, and which engines the last group uses (C - (G-1)*T of them).
+        last_count = f2.col_tiles - (g2 - 1) * tiles
+        with m.If(advance_v):
+            m.d.sync += [
+                err3.eq(err2),
+                g3.eq(g2),
+                therm3.eq(therm2),
+                rg3.eq(f2.row_tiles * g2),
+                lastmask3.eq(Cat(*[last_count > t for t in range(tiles)])),
+            ]
+        # V3: the slots base .. base + R*G - 1 exist.
+        m.d.comb += [
+            v3_err.eq(err3 | (f3.base + rg3 > c.mrf_depth)),
+            v3_go.eq(v3 & (v3_err | loader_free)),
+        ]
+        error_set.append(v3_go & v3_err)
+
+        # Parameters the compute sequencer needs, travelling loader -> writer -> half.
+        params_layout = data.StructLayout({
+            "base": unsigned(TileEngine.slot_bits(c)),
+            "last_step": range(max(2, c.mrf_depth)),          # R*G - 1
+            "last_group": range(max(2, gmax)),
+            "lastmask": unsigned(tiles),
+            "k": unsigned(NARROW_WIDTH_BITS),
+            "therm": unsigned(c.dot_bits - 1),
+        })
+        v3_params = Signal(params_layout, name="cmd_params_v3")
+        m.d.comb += [
+            v3_params.base.eq(f3.base),
+            v3_params.last_step.eq(rg3 - 1),
+            v3_params.last_group.eq(g3 - 1),
+            v3_params.lastmask.eq(lastmask3),
+            v3_params.k.eq(f3.narrow_width),
+            v3_params.therm.eq(therm3),
+        ]
+
+        # ================================================================================
+        # Loader: feeds each command's C vectors into the vector quantizer, tagging each
+        # with where its block goes; the command's compute parameters go to a FIFO that
+        # the sequencer reads when it starts the command (commands stay in order).
+        # ================================================================================
+        tag_layout = data.StructLayout({
+            "half": unsigned(1),
+            "bank": range(tiles),
+            "group": range(max(2, gmax)),
+            "last": unsigned(1),
+        })
+        m.submodules.vector_tags = vtags = fifo.SyncFIFO(width=tag_layout.size,
+                                                         depth=_VTAG_DEPTH)
+        m.submodules.command_params = cparams = fifo.SyncFIFO(width=params_layout.size,
+                                                              depth=_PARAMS_DEPTH)
+        l_valid = Signal(name="loader_valid")
+        l_count = Signal(range(c.max_col_tiles + 1), name="loader_count")
+        l_total = Signal(range(c.max_col_tiles + 1), name="loader_total")
+        # Half of the command being loaded: toggles with every command, from 0.
+        l_half = Signal(name="loader_half", init=1)
+        l_bank = Signal(range(tiles), name="loader_bank")
+        l_group = Signal(range(max(2, gmax)), name="loader_group")
+        l_cmd = Signal(cl, name="loader_cmd")
+        l_more = Signal()
+        m.d.comb += [
+            loader_free.eq((~l_valid | (l_count == l_total)) & cparams.w_rdy),
+            l_more.eq(l_valid & (l_count != l_total)),
+            vq.i_stream.valid.eq(l_more & self.x_stream.valid & vtags.w_rdy),
+            vq.i_stream.payload.eq(self.x_stream.payload),
+            self.x_stream.ready.eq(l_more & vq.i_stream.ready & vtags.w_rdy),
+            vq.rounding.eq(l_cmd.rounding),
+            vq.static.eq(l_cmd.static),
+            vq.static_exponent.eq(l_cmd.static_exponent),
+            # Block c of the command: bank c % T, group c // T of the command's half.
+            vtags.w_en.eq(self.x_stream.valid & self.x_stream.ready),
+            vtags.w_data.eq(Cat(l_half, l_bank, l_group, l_count == l_total - 1)),
+            cparams.w_en.eq(v3_go & ~v3_err),
+            cparams.w_data.eq(v3_params),
+        ]
+        with m.If(self.x_stream.valid & self.x_stream.ready):
+            m.d.sync += l_count.eq(l_count + 1)
+            with m.If(l_bank == tiles - 1):
+                m.d.sync += [l_bank.eq(0), l_group.eq(l_group + 1)]
+            with m.Else():
+                m.d.sync += l_bank.eq(l_bank + 1)
+        with m.If(v3_go & ~v3_err):
+            m.d.sync += [
+                l_valid.eq(1), l_count.eq(0), l_total.eq(f3.col_tiles), l_cmd.eq(f3),
+                l_bank.eq(0), l_group.eq(0), l_half.eq(~l_half),
+            ]
+        with m.Elif(loader_free):
+            m.d.sync += l_valid.eq(0)
+
+        # ================================================================================
+        # Writer: quantized blocks into the vector buffer, into a half only once the
+        # sequencer is done with it (ping-pong); the last block marks the half full.
+        # ================================================================================
+        full = [Signal(name=f"half{h}_full") for h in range(2)]
+        tag = tag_layout(vtags.r_data)
+        w_fire = Signal()
+        m.d.comb += [
+            vq.o_stream.ready.eq(vtags.r_rdy & ~Mux(tag.half, full[1], full[0])),
+            w_fire.eq(vq.o_stream.valid & vq.o_stream.ready),
+            vtags.r_en.eq(w_fire),
+        ]
+        half_bits = TileEngine.vbuf_half_bits(c)
+        for t, e in enumerate(engines):
+            m.d.comb += [
+                e.vwr_addr.eq(Cat(tag.group[:half_bits], tag.half)),
+                e.vwr_data.eq(vq.o_stream.payload),
+                e.vwr_en.eq(w_fire & (tag.bank == t)),
+            ]
+        for h in range(2):
+            with m.If(w_fire & tag.last & (tag.half == h)):
+                m.d.sync += full[h].eq(1)
+
+        # ================================================================================
+        # Compute sequencer: one group of T tiles per cycle
+        # ================================================================================
+        s_valid = Signal(name="seq_valid")
+        s_half = Signal(name="seq_half")
+        s_next = Signal(name="seq_next_half")
+        s_slot = Signal(TileEngine.slot_bits(c), name="seq_slot")
+        s_group = Signal(range(max(2, gmax)), name="seq_group")
+        s_left = Signal(range(max(2, c.mrf_depth)), name="seq_steps_left")
+        s_params = Signal(params_layout, name="seq_params")
+        reserved = Signal(range(depth + 1), name="output_reserved")
+        fire = Signal()
+        final = Signal()
+        start = Signal()
+        last_group = Signal()
+        next_full = Mux(s_next, full[1], full[0])
+        m.d.comb += [
+            fire.eq(s_valid & (reserved < depth)),
+            final.eq(fire & (s_left == 0)),
+            start.eq(next_full & (~s_valid | final)),
+            last_group.eq(s_group == s_params.last_group),
+        ]
+        with m.If(fire):
+            m.d.sync += [
+                s_slot.eq(s_slot + 1),
+                s_group.eq(Mux(last_group, 0, s_group + 1)),
+                s_left.eq(s_left - 1),
+            ]
+        with m.If(final):
+            m.d.sync += s_valid.eq(0)
+            for h in range(2):
+                with m.If(s_half == h):
+                    m.d.sync += full[h].eq(0)
+        m.d.comb += cparams.r_en.eq(start)
+        with m.If(start):
+            nxt = params_layout(cparams.r_data)
+            m.d.sync += [
+                s_valid.eq(1), s_half.eq(s_next), s_next.eq(~s_next),
+                s_slot.eq(nxt.base), s_group.eq(0), s_left.eq(nxt.last_step),
+                s_params.eq(nxt),
+            ]
+
+        # MRF read-back (only while no command is in the MVM).
+        rb = [Signal(name=f"readback_c{j}") for j in range(3)]
+        rb_addr = Signal(addr_layout, name="readback_addr")
+        rb_busy = Signal()
+        m.d.comb += rb_busy.eq(rb[0] | rb[1] | rb[2])
+
+        enables = Cat(*[~last_group | s_params.lastmask[t] for t in range(tiles)])
+        for t, e in enumerate(engines):
+            m.d.comb += [
+                e.rd_addr.eq(Mux(s_valid, s_slot, rb_addr.slot)),
+                e.rd_en.eq(fire | rb[0]),
+                e.vrd_addr.eq(Cat(s_group[:half_bits], s_half)),
+                e.enable.eq(fire & enables[t]),
+                e.therm.eq(s_params.therm),
+                e.rb_row.eq(rb_addr.row),
+            ]
+
+        # Side information of each group, delayed to meet its tile products.
+        side = Cat(fire, s_group == 0, last_group, fire.replicate(tiles) & enables,
+                   s_params.k)
+        for j in range(TileEngine.dot_latency_of(c)):
+            r = Signal(len(side), name=f"group_side_d{j + 1}")
+            m.d.sync += r.eq(side)
+            side = r
+        m.d.comb += [
+            acc.valid.eq(side[0]),
+            acc.first.eq(side[1]),
+            acc.last.eq(side[2]),
+            acc.engines.eq(side[3:3 + tiles]),
+            acc.k.eq(side[3 + tiles:]),
+        ]
+        for t, e in enumerate(engines):
+            m.d.comb += [acc.dot[t].eq(e.dot), acc.shift[t].eq(e.shift)]
+
+        # ================================================================================
+        # Output: FP16 conversion, FIFO, credits
+        # ================================================================================
+        m.d.comb += [
+            conv.i_stream.valid.eq(acc.result_valid),
+            conv.i_stream.payload.eq(acc.result),
+            # Room is reserved for every row block before its last group is read, so the
+            # FIFO always has space here and the converter never stalls.
+            conv.o_stream.ready.eq(ofifo.w_rdy),
+            ofifo.w_en.eq(conv.o_stream.valid),
+            ofifo.w_data.eq(conv.o_stream.payload.bits),
+            self.y_stream.valid.eq(ofifo.r_rdy),
+            self.y_stream.payload.eq(ofifo.r_data),
+            ofifo.r_en.eq(self.y_stream.ready),
+        ]
+        y_taken = self.y_stream.valid & self.y_stream.ready
+        m.d.sync += reserved.eq(reserved + (fire & last_group) - y_taken)
+
+        # ================================================================================
+        # MRF writes: matrix quantizer (w_stream) and packed words (mrf_w)
+        # ================================================================================
+        writes_open = Signal()
+        m.d.comb += writes_open.eq(~cmd_busy & ~self.cmd.valid & ~rb_busy)
+        w_in = self.w_stream.payload
+        m.d.comb += [
+            wq.i_stream.valid.eq(self.w_stream.valid & writes_open & wside.w_rdy),
+            wq.i_stream.payload.eq(w_in.values),
+            wq.rounding.eq(w_in.rounding),
+            wq.static.eq(w_in.static),
+            wq.static_exponent.eq(w_in.static_exponent),
+            self.w_stream.ready.eq(writes_open & wside.w_rdy & wq.i_stream.ready),
+            wside.w_en.eq(self.w_stream.valid & self.w_stream.ready),
+            wside.w_data.eq(Cat(w_in.engine, w_in.row, w_in.slot)),
+            # The write stage takes a word every cycle, so quantized rows never wait,
+            # and they go before packed words.
+            wq.o_stream.ready.eq(1),
+            wside.r_en.eq(wq.o_stream.valid),
+            self.mrf_w.ready.eq(writes_open & ~wq.o_stream.valid),
+        ]
+        from_q = wq.o_stream.valid
+        from_d = self.mrf_w.valid & self.mrf_w.ready
+        q_addr = addr_layout(wside.r_data)
+        src_engine = Mux(from_q, q_addr.engine, self.mrf_w.payload.engine)
+        src_row = Mux(from_q, q_addr.row, self.mrf_w.payload.row)
+        src_slot = Mux(from_q, q_addr.slot, self.mrf_w.payload.slot)
+        src_block = Mux(from_q, wq.o_stream.payload.as_value(),
+                        self.mrf_w.payload.block.as_value())
+        src_code = src_block[:8]
+        bad_word = ((src_code > EXPONENT_CODE_MAX) | (src_engine >= tiles)
+                    | (src_slot >= c.mrf_depth))
+        wr_valid = Signal(name="mrf_write_valid")
+        wr_engine = Signal(_engine_bits(c), name="mrf_write_engine")
+        wr_rows = Signal(n, name="mrf_write_rows")
+        wr_slot = Signal(TileEngine.slot_bits(c), name="mrf_write_slot")
+        wr_data = Signal(c.weight_block_bits, name="mrf_write_data")
+        attempt = from_q | from_d
+        m.d.sync += [
+            wr_valid.eq(attempt & ~bad_word),
+            wr_engine.eq(src_engine),
+            wr_rows.eq(Const(1, n) << src_row),
+            wr_slot.eq(src_slot),
+            wr_data.eq(src_block),
+        ]
+        error_set.append(attempt & bad_word)
+        for t, e in enumerate(engines):
+            m.d.comb += [
+                e.wr_addr.eq(wr_slot),
+                e.wr_data.eq(wr_data),
+                e.wr_rows.eq(Mux(wr_valid & (wr_engine == t), wr_rows, 0)),
+            ]
+
+        # MRF read-back: request -> read (c0) -> memory data (c1) -> output register (c2)
+        # -> response register. One request at a time; it waits for writes in flight.
+        resp = self.mrf_r_resp
+        m.d.comb += self.mrf_r_req.ready.eq(
+            writes_open & ~io_busy & ~resp.valid & ~self.w_stream.valid & ~self.mrf_w.valid)
+        req_taken = self.mrf_r_req.valid & self.mrf_r_req.ready
+        req = self.mrf_r_req.payload
+        error_set.append(req_taken & ((req.engine >= tiles) | (req.slot >= c.mrf_depth)))
+        m.d.sync += [rb[0].eq(req_taken), rb[1].eq(rb[0]), rb[2].eq(rb[1])]
+        with m.If(req_taken):
+            m.d.sync += rb_addr.eq(self.mrf_r_req.payload)
+        rb_words = [e.rb_word for e in engines]
+        rb_word = Cat(*rb_words).word_select(rb_addr.engine, c.weight_block_bits) \
+            if tiles > 1 else rb_words[0]
+        with m.If(rb[2]):
+            m.d.sync += [resp.valid.eq(1), resp.payload.eq(rb_word)]
+        with m.Elif(resp.ready):
+            m.d.sync += resp.valid.eq(0)
+
+        # ================================================================================
+        # Counters, error, busy
+        # ================================================================================
+        def saturating(counter, increment):
+            total = Signal(cb + 1 + len(increment), name=f"{counter.name}_next")
+            m.d.comb += total.eq(counter + increment)
+            with m.If(self.clear):
+                m.d.sync += counter.eq(0)
+            with m.Else():
+                m.d.sync += counter.eq(Mux(total > cmax, cmax, total))
+
+        narrow_total = Signal(range(tiles * n * (2 * n - 1) + n * tiles + 1),
+                              name="narrow_total")
+        m.d.sync += narrow_total.eq(sum(e.narrow for e in engines) + acc.narrow)
+        saturating(self.narrow_events, narrow_total)
+        conv_taken = conv.o_stream.valid & conv.o_stream.ready
+        out_sat = Signal(range(n + 1), name="output_saturation_count")
+        m.d.comb += out_sat.eq(Mux(conv_taken, popcount(conv.o_stream.payload.overflow), 0))
+        saturating(self.output_saturations, out_sat)
+
+        with m.If(Cat(*error_set).any()):
+            m.d.sync += self.error.eq(1)
+        with m.Elif(self.error_clear):
+            m.d.sync += self.error.eq(0)
+
+        # Counts trail the data: keep `busy` up until the last group's events are in.
+        count_tail = max(TileEngine.narrow_latency_of(c),
+                         TileEngine.dot_latency_of(c) + acc.narrow_latency) + 2
+        history = Signal(count_tail, name="count_history")
+        m.d.sync += history.eq(Cat(fire, history[:-1]))
+        m.d.comb += [
+            cmd_busy.eq(v1 | v2 | v3 | l_valid | vtags.r_rdy | full[0] | full[1] | s_valid
+                        | cparams.r_rdy),
+            io_busy.eq(wside.r_rdy | wr_valid | rb_busy),
+            self.busy.eq(cmd_busy | io_busy | (reserved != 0) | history.any()
+                         | resp.valid),
+        ]
+        return m

@@ -1,0 +1,218 @@
+"""BFP-long accumulation of the matrix-vector multiplier (``docs/numerics.md`` section 4)
+and its cross-tile narrow-accumulator check (section 5, rule 3). See ``docs/mvm.md``.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from .tile_engine import (
+    NARROW_WIDTH_BITS, _check_config, pipelined_sum, shift_range, shift_shape,
+)
+
+__all__ = ["BfpAccumulator"]
+
+#: The fine part of the term shift (stage 1) covers this many low bits of the amount.
+_FINE_SHIFT_BITS = 3
+
+
+class BfpAccumulator(wiring.Component):
+    """The ``N`` BFP-long accumulators: tile products in, one row block of sums out.
+
+    Each cycle with ``valid`` brings one group of column tiles: for every engine ``t``
+    (column tile ``c = g*T + t``) and output row ``i`` a tile product ``dot[t][i]`` and
+    its shift ``shift[t][i] = E - L`` (:func:`hw.tile_engine.shift_offset`). Per row:
+
+    1. **Term.** ``P_t = floor(dot * 2**shift)`` on the ``config.acc_bits`` grid: the
+       shift is clamped below at ``-(dot_bits - 1)`` (any further right shift of a
+       ``dot_bits`` value already gives 0 or -1, so the clamp is exact), then
+       ``dot`` is shifted left by ``shift + dot_bits - 1`` (0..``max_shift + dot_bits -
+       1``, in a fine and a coarse stage) and the low ``dot_bits - 1`` bits are dropped,
+       which is the floor.
+    2. **Prefix sums** ``Q_t = P_0 + ... + P_t`` of the ``T`` terms, a Sklansky tree with
+       a register per level (``ceil(log2 T)`` stages), off the loop.
+    3. **Loop.** ``S_t = A + Q_t`` for all ``t`` at once, ``A = 0`` on a row block's
+       first group, else the last ``S_{T-1}``. ``S_{T-1}`` is the accumulator: the
+       loop-carried path is one adder and an AND. Registers hold while ``valid`` is low.
+    4. **Check.** ``S_t`` is the running accumulator after tile ``c`` in logical order.
+       For ``1 <= c < C`` with ``dot != 0`` it must satisfy ``-2**p <= S_t < 2**p`` with
+       ``p = k - 1 + shift`` (``docs/numerics.md`` rule 3 rewritten without the floor;
+       ``p < 0`` means ``S_t == 0``): an AND-OR of ``S_t ^ sign`` against a mask of the
+       places ``>= p``. The events are counted by a pipelined popcount.
+
+    On a row block's last group (``last``) the ``N`` values ``S_{T-1}`` are presented on
+    ``result`` with ``result_valid`` high for exactly one cycle; the consumer must take
+    them in that cycle (the MVM reserves room for every row block before computing it).
+
+    Parameters
+    ----------
+    config : MvmConfig
+
+    Attributes
+    ----------
+    dot : ``In(ArrayLayout(ArrayLayout(signed(dot_bits), n), tiles))``
+        ``dot[t][i]``: tile product of engine ``t``, row ``i``.
+    shift : ``In(ArrayLayout(ArrayLayout(shift_shape(config), n), tiles))``
+    valid, first, last : ``In(1)``
+        A group is present; it is the first / last group of its row block.
+    engines : ``In(tiles)``
+        Bit ``t``: engine ``t``'s column tile exists (``c < C``). Products of other
+        engines must be zero.
+    k : ``In(7)``
+        Narrow width, 1..64.
+    result : ``Out(ArrayLayout(signed(acc_bits), n))``, result_valid : ``Out(1)``
+        The row block's accumulators, in units of ``2**acc_lsb``, :attr:`result_latency`
+        cycles after its last group.
+    narrow : ``Out(range(n * tiles + 1))``
+        Cross-tile events of the group taken :attr:`narrow_latency` cycles earlier.
+    """
+
+    def __init__(self, config):
+        self._config = c = _check_config(config)
+        self._prefix_stages = ceil_log2(c.tiles)
+        self._count_stages = ceil_log2(c.n * c.tiles)
+        super().__init__({
+            "dot": In(data.ArrayLayout(data.ArrayLayout(signed(c.dot_bits), c.n), c.tiles)),
+            "shift": In(data.ArrayLayout(data.ArrayLayout(shift_shape(c), c.n), c.tiles)),
+            "valid": In(1),
+            "first": In(1),
+            "last": In(1),
+            "engines": In(c.tiles),
+            "k": In(NARROW_WIDTH_BITS),
+            "result": Out(data.ArrayLayout(signed(c.acc_bits), c.n)),
+            "result_valid": Out(1),
+            "narrow": Out(range(c.n * c.tiles + 1)),
+        })
+
+    @staticmethod
+    def result_latency_of(config):
+        """Cycles from a group's inputs to ``result``: fine and coarse shift, prefix
+        stages, loop."""
+        return 2 + ceil_log2(config.tiles) + 1
+
+    @classmethod
+    def narrow_latency_of(cls, config):
+        """Cycles from a group's inputs to its cross-tile event count."""
+        return cls.result_latency_of(config) + 1 + ceil_log2(config.n * config.tiles)
+
+    @property
+    def result_latency(self):
+        return self.result_latency_of(self._config)
+
+    @property
+    def narrow_latency(self):
+        return self.narrow_latency_of(self._config)
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        n, tiles = c.n, c.tiles
+        db = c.dot_bits
+        lead = db - 1                          # left shift that maps shift -(db-1) to 0
+        amount_max = c.max_shift + lead
+        amount_shape = Shape.cast(range(amount_max + 1))
+        fine_shape = signed(db + (1 << _FINE_SHIFT_BITS) - 1)
+        wide_shape = signed(c.acc_bits + lead)
+        # p = k - 1 + shift, for any k of the field and any shift
+        s_lo, s_hi = shift_range(c)
+        p_shape = Shape.cast(range(s_lo - 1, (1 << NARROW_WIDTH_BITS) - 1 + s_hi))
+
+        def pipe(value, name, shape=None):
+            r = Signal(shape if shape is not None else value.shape(), name=name)
+            m.d.sync += r.eq(value)
+            return r
+
+        # --- stage 1: clamp the shift, fine shift, non-zero test, p --------------------
+        fine, coarse, nz, p = {}, {}, {}, {}
+        for t in range(tiles):
+            for i in range(n):
+                d = self.dot[t][i]
+                s = self.shift[t][i]
+                amount = Signal(amount_shape, name=f"amount_{t}_{i}")
+                m.d.comb += amount.eq(Mux(s < -lead, 0, s + lead))
+                fine[t, i] = pipe(d << amount[:_FINE_SHIFT_BITS], f"fine_s1_{t}_{i}",
+                                  fine_shape)
+                coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}")
+                nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}")
+                p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape)
+        side = {
+            "valid": pipe(self.valid, "valid_s1"),
+            "first": pipe(self.first, "first_s1"),
+            "last": pipe(self.last, "last_s1"),
+            "engines": pipe(self.engines, "engines_s1"),
+        }
+
+        # --- stage 2: coarse shift by multiples of 8, drop the low bits (floor) ---------
+        terms = {}
+        for t in range(tiles):
+            for i in range(n):
+                wide = Signal(wide_shape, name=f"wide_{t}_{i}")
+                m.d.comb += wide.eq(fine[t, i] << Cat(Const(0, _FINE_SHIFT_BITS),
+                                                      coarse[t, i]))
+                terms[t, i] = pipe(wide[lead:].as_signed(), f"term_s2_{t}_{i}",
+                                   signed(c.acc_bits))
+                nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}")
+                p[t, i] = pipe(p[t, i], f"p_s2_{t}_{i}")
+        side = {k: pipe(v, f"{k}_s2") for k, v in side.items()}
+
+        # --- prefix sums over the engines (Sklansky), one register per level -----------
+        q = dict(terms)
+        for level in range(self._prefix_stages):
+            span = 1 << level
+            nq = {}
+            for t in range(tiles):
+                for i in range(n):
+                    if t & span:
+                        src = ((t >> level) << level) - 1
+                        value = q[t, i] + q[src, i]
+                    else:
+                        value = q[t, i]
+                    nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits))
+                    nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}")
+                    p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}")
+            q = nq
+            side = {k: pipe(v, f"{k}_l{level}") for k, v in side.items()}
+
+        # --- loop: S_t = A + Q_t; A = S_{T-1} ---------------------------------------------
+        valid, first, last, engines = side["valid"], side["first"], side["last"], side["engines"]
+        acc = {}
+        for t in range(tiles):
+            for i in range(n):
+                acc[t, i] = Signal(signed(c.acc_bits), name=f"sum_{t}_{i}")
+        check, p_loop = {}, {}
+        for i in range(n):
+            base = Mux(first, 0, acc[tiles - 1, i])
+            with m.If(valid):
+                for t in range(tiles):
+                    m.d.sync += acc[t, i].eq(base + q[t, i])
+            for t in range(tiles):
+                # Tile c = g*T + t exists, is not c = 0, and has a non-zero product.
+                is_c0 = first if t == 0 else Const(0, 1)
+                check[t, i] = pipe(valid & engines[t] & nz[t, i] & ~is_c0,
+                                   f"check_{t}_{i}")
+                p_loop[t, i] = pipe(p[t, i], f"p_loop_{t}_{i}")
+        m.d.sync += self.result_valid.eq(valid & last)
+        m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
+
+        # --- check: -2**p <= S < 2**p ----------------------------------------------------
+        flags = []
+        for t in range(tiles):
+            for i in range(n):
+                s = acc[t, i]
+                w = c.acc_bits
+                sign = s[w - 1]
+                x = s[:w - 1] ^ sign.replicate(w - 1)
+                pp = p_loop[t, i]
+                # Mask of the places >= p: all of them when p < 0, none when p >= w-1.
+                mask = Signal(w - 1, name=f"cross_mask_{t}_{i}")
+                m.d.comb += mask.eq(Const((1 << (w - 1)) - 1, w - 1)
+                                    << Mux(pp[-1], 0, Mux(pp >= w - 1, w - 1, pp[:-1])))
+                # p < 0: only 0 fits; x is also 0 for S = -1, which the sign term catches.
+                outside = (x & mask).any() | (pp[-1] & sign)
+                flags.append(pipe(check[t, i] & outside, f"cross_flag_{t}_{i}"))
+
+        total, stages = pipelined_sum(m, flags, "cross_count")
+        assert stages == self._count_stages
+        m.d.comb += self.narrow.eq(total)
+        return m

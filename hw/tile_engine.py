@@ -1,0 +1,418 @@
+"""Tile engine of the matrix-vector multiplier: N dot-product engines and their MRF slice.
+
+See ``docs/mvm.md`` for the architecture and ``docs/numerics.md`` (sections 4 and 5) for
+the arithmetic these modules implement bit for bit.
+
+Besides :class:`DotProductEngine` and :class:`TileEngine` this module holds the small
+building blocks the MVM's other modules share: the narrow-width fit test
+(:func:`not_fits`, :func:`fit_thermometer`), popcount and a pipelined adder tree, and the
+shift that places a tile product on the accumulator grid (:func:`shift_offset`).
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from host.config import MvmConfig
+from host.formats import E8M0_BIAS, block_layout
+
+__all__ = [
+    "DotProductEngine", "TileEngine", "shift_offset", "shift_range", "shift_shape", "fit_thermometer",
+    "not_fits", "popcount", "pipelined_sum", "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
+]
+
+#: Bits of the run-time narrow-accumulator width ``k`` (1..64) as it travels with a command.
+NARROW_WIDTH_BITS = 7
+
+#: Adder-tree levels between two pipeline registers in a dot-product engine. Two levels of
+#: small adders (at most 11 bits at N = 16, m = 4) plus a fit test stay well inside 10 ns
+#: on ECP5; see ``docs/mvm.md``.
+TREE_LEVELS_PER_STAGE = 2
+
+
+def _check_config(config):
+    if not isinstance(config, MvmConfig):
+        raise TypeError(f"config must be an MvmConfig, not {config!r}")
+    return config
+
+
+def shift_offset(config: MvmConfig) -> int:
+    """Constant ``K`` with ``s = code_v + code_w - K`` the left shift of a tile product.
+
+    A tile product of exponent ``E = e_v + e_w - (m_v - 2) - (m_w - 2)`` lands on the
+    accumulator grid (LSB weight ``2**L``, ``L = config.acc_lsb``) shifted left by
+    ``s = E - L``; with E8M0 codes ``e = code - 127`` that is ``code_v + code_w - K``,
+    ``K = 2*127 + (m_v - 2) + (m_w - 2) + L`` (206 for every mantissa width, since
+    ``L`` moves with them).
+    """
+    return (2 * E8M0_BIAS + (config.mantissa_bits_v - 2) + (config.mantissa_bits_w - 2)
+            + config.acc_lsb)
+
+
+def shift_range(config: MvmConfig) -> tuple[int, int]:
+    """Smallest and largest ``code_v + code_w - shift_offset`` for any two 8-bit codes."""
+    k = shift_offset(config)
+    return -k, 2 * 255 - k
+
+
+def shift_shape(config: MvmConfig) -> Shape:
+    """Signed shape holding every shift of :func:`shift_range`."""
+    lo, hi = shift_range(config)
+    return Shape.cast(range(lo, hi + 1))
+
+
+def fit_thermometer(k, width):
+    """``width`` bits, bit ``b`` set iff ``b >= k - 1``: the bits a value must not use.
+
+    A signed value fits ``k`` bits iff, XORed with its own sign, it has no set bit at or
+    above place ``k - 1`` (:func:`not_fits`). ``k`` is a 1..64 run-time value.
+    """
+    return Cat(*[(k <= b + 1) for b in range(width)])
+
+
+def not_fits(value, therm):
+    """1 when signed ``value`` is outside ``[-2**(k-1), 2**(k-1) - 1]``.
+
+    ``therm`` is :func:`fit_thermometer` of ``k``, at least ``len(value) - 1`` bits wide.
+    ``value ^ sign`` has a set bit at place ``p >= k - 1`` exactly when the value needs
+    more than ``k`` bits of two's complement; one AND-OR per bit, no comparator.
+    """
+    width = len(value)
+    if width < 2:
+        return Const(0, 1)
+    sign = value[width - 1]
+    return ((value[:width - 1] ^ sign.replicate(width - 1)) & therm[:width - 1]).any()
+
+
+def popcount(bits):
+    """Number of set bits of a sequence of 1-bit values, as a balanced adder tree."""
+    level = list(bits)
+    if not level:
+        return Const(0, 1)
+    while len(level) > 1:
+        nxt = [level[i] + level[i + 1] for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+def pipelined_sum(m, values, name):
+    """Sum ``values`` through a balanced adder tree registered after every level.
+
+    Returns ``(sum, stages)``: the registered sum and the number of register stages
+    (0 for a single value, which is returned as is). Unsigned or signed alike; each level
+    widens by one bit, so nothing overflows.
+    """
+    level = list(values)
+    stages = 0
+    while len(level) > 1:
+        nxt = []
+        for j in range(0, len(level) - 1, 2):
+            total = level[j] + level[j + 1]
+            r = Signal(total.shape(), name=f"{name}_l{stages}_{j // 2}")
+            m.d.sync += r.eq(total)
+            nxt.append(r)
+        if len(level) % 2:
+            total = level[-1]
+            r = Signal(Shape.cast(total.shape()), name=f"{name}_l{stages}_{len(nxt)}")
+            m.d.sync += r.eq(total)
+            nxt.append(r)
+        level = nxt
+        stages += 1
+    return level[0], stages
+
+
+class DotProductEngine(wiring.Component):
+    """One dot-product engine: exact integer dot product of two BFP blocks, pipelined.
+
+    Free running (no stall, no valid): every cycle it takes a weight block and a vector
+    block and, :attr:`dot_latency` cycles later, presents
+
+    * ``dot = sum_j qv[j] * qw[j]`` (exact, ``config.dot_bits`` signed bits), summed by a
+      balanced pairwise tree in lane order (level 1 adds lanes (0,1), (2,3), ...), with a
+      register after the products and after every :data:`TREE_LEVELS_PER_STAGE` levels;
+    * ``shift = code_v + code_w - shift_offset(config)``: the left shift that places
+      ``dot`` on the BFP-long grid (negative: right shift with floor);
+
+    and, one cycle later (:attr:`narrow_latency`), ``narrow``: how many of the ``N``
+    products and ``N - 1`` tree nodes do not fit a ``k``-bit signed integer
+    (``docs/numerics.md`` section 5, rules 1 and 2). A block pair that does not take part
+    in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
+    ``k >= 1``: no valid bit is needed to keep the count exact.
+
+    Parameters
+    ----------
+    config : MvmConfig
+
+    Attributes
+    ----------
+    weights : ``In(block_layout(n, mantissa_bits_w))``
+        The weight block (one MRF word), registered by the caller.
+    vector : ``In(block_layout(n, mantissa_bits_v))``
+        The vector block, registered by the caller (all zero when not in use).
+    therm : ``In(config.dot_bits - 1)``
+        :func:`fit_thermometer` of the narrow width ``k``, sampled with the blocks.
+    dot : ``Out(signed(config.dot_bits))``
+    shift : ``Out(shift_shape(config))``
+    narrow : ``Out(range(2 * n))``
+        Events of the block pair taken :attr:`narrow_latency` cycles earlier.
+    dot_latency, narrow_latency : int
+        Cycles from ``weights``/``vector`` to ``dot``/``shift`` and to ``narrow``.
+    """
+
+    def __init__(self, config):
+        self._config = _check_config(config)
+        c = config
+        self._tree_stages = self.tree_stages(c)
+        super().__init__({
+            "weights": In(block_layout(c.n, c.mantissa_bits_w)),
+            "vector": In(block_layout(c.n, c.mantissa_bits_v)),
+            "therm": In(c.dot_bits - 1),
+            "dot": Out(signed(c.dot_bits)),
+            "shift": Out(shift_shape(c)),
+            "narrow": Out(range(2 * c.n)),
+        })
+
+    @staticmethod
+    def tree_stages(config):
+        """Register stages of the adder tree: ``ceil(log2(n) / TREE_LEVELS_PER_STAGE)``."""
+        return -(-config.log2_n // TREE_LEVELS_PER_STAGE)
+
+    @classmethod
+    def dot_latency_of(cls, config):
+        """Cycles from the input blocks to ``dot`` and ``shift``: products + tree stages."""
+        return 1 + cls.tree_stages(config)
+
+    @property
+    def dot_latency(self):
+        return self.dot_latency_of(self._config)
+
+    @property
+    def narrow_latency(self):
+        """Cycles from the input blocks to ``narrow``."""
+        return self.dot_latency + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        n = c.n
+
+        # --- stage 1: the N mantissa products and the block pair's shift -------------
+        values = []
+        for j in range(n):
+            p = Signal(signed(c.product_bits), name=f"product{j}")
+            m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
+            values.append(p)
+        shift = Signal(shift_shape(c), name="shift_s1")
+        m.d.sync += shift.eq(self.vector.exponent + self.weights.exponent - shift_offset(c))
+        therm = Signal(c.dot_bits - 1, name="therm_s1")
+        m.d.sync += therm.eq(self.therm)
+
+        # --- tree stages: TREE_LEVELS_PER_STAGE levels each, then a register -----------
+        # Each node's fit test is taken from its (combinational) sum in the stage that
+        # forms it; the products' own tests come from their registers in the first stage.
+        # The flags of a stage are counted in the next one.
+        count = None
+        for stage in range(self._tree_stages):
+            flags = [not_fits(v, therm) for v in values] if stage == 0 else []
+            for _ in range(TREE_LEVELS_PER_STAGE):
+                if len(values) == 1:
+                    break
+                values = [values[2 * j] + values[2 * j + 1] for j in range(len(values) // 2)]
+                flags += [not_fits(v, therm) for v in values]
+            regs = []
+            for j, v in enumerate(values):
+                r = Signal(v.shape(), name=f"tree_s{stage + 2}_{j}")
+                m.d.sync += r.eq(v)
+                regs.append(r)
+            values = regs
+            flag_reg = Signal(len(flags), name=f"narrow_flags_s{stage + 2}")
+            m.d.sync += flag_reg.eq(Cat(*flags))
+            # Running count: the previous stages' count plus this stage's flags, one
+            # cycle behind the flags.
+            total = popcount(flag_reg) if count is None else count + popcount(flag_reg)
+            new_count = Signal(range(2 * n), name=f"narrow_count_s{stage + 3}")
+            m.d.sync += new_count.eq(total)
+            count = new_count
+            next_shift = Signal(shift_shape(c), name=f"shift_s{stage + 2}")
+            next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + 2}")
+            m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
+            shift, therm = next_shift, next_therm
+
+        m.d.comb += [
+            self.dot.eq(values[0]),
+            self.shift.eq(shift),
+            self.narrow.eq(count),
+        ]
+        return m
+
+
+class TileEngine(wiring.Component):
+    """A tile engine: ``N`` dot-product engines, each with its own MRF memory, and the
+    engine's bank of the vector buffer.
+
+    Dot-product engine ``i`` holds row ``i`` of every tile slot of this engine: its memory
+    has ``config.mrf_depth`` words of ``config.weight_block_bits`` bits
+    (``block_layout(n, m_w)``). On a compute read (``rd_en``) all ``N`` memories read the
+    word at ``rd_addr`` and the vector bank reads the block at ``vrd_addr``; two cycles
+    later (the memory's registered read, then the output register that ECP5 block RAM
+    has for free) each engine gets its weight word and its *own* registered copy of the
+    vector block (the fan-out to ``N x N`` multipliers is what limits Fmax otherwise;
+    ``docs/mvm.md``). ``enable`` low turns that copy into zeros (a column tile past ``C``
+    or no compute read at all), so the product and its narrow events are zero.
+
+    The memories have no read/write collision logic: the MVM never reads and writes an
+    MRF memory (or vector buffer address) in the same cycle.
+
+    Parameters
+    ----------
+    config : MvmConfig
+
+    Attributes
+    ----------
+    rd_addr : ``In(slot_bits)``, rd_en : ``In(1)``
+        MRF read (compute or read-back): the slot all ``N`` memories read.
+    vrd_addr : ``In(vbuf_addr_bits)``
+        Vector-buffer address read with a compute read.
+    enable : ``In(1)``
+        This engine's column tile takes part in the compute read of this cycle.
+    therm : ``In(config.dot_bits - 1)``
+        :func:`fit_thermometer` of the command's narrow width, with the read.
+    wr_addr : ``In(slot_bits)``, wr_data : ``In(config.weight_block_bits)``,
+    wr_rows : ``In(n)``
+        MRF write: ``wr_rows`` is one-hot (or zero) over the dot-product engines.
+    vwr_addr : ``In(vbuf_addr_bits)``, vwr_data : ``In(config.vector_block_bits)``,
+    vwr_en : ``In(1)``
+        Vector-buffer write.
+    rb_row : ``In(log2(n))``, rb_word : ``Out(config.weight_block_bits)``
+        Read-back: the registered word of engine ``rb_row``, 2 cycles after the read.
+    dot : ``Out(ArrayLayout(signed(config.dot_bits), n))``,
+    shift : ``Out(ArrayLayout(shift_shape(config), n))``
+        Per output row, :attr:`dot_latency` cycles after the read.
+    narrow : ``Out(range(n * (2n - 1) + 1))``
+        Product and tree events of all ``N`` engines, :attr:`narrow_latency` cycles after
+        the read.
+    """
+
+    def __init__(self, config):
+        self._config = _check_config(config)
+        c = config
+        self._narrow_sum_stages = ceil_log2(c.n)
+        super().__init__({
+            "rd_addr": In(self.slot_bits(c)),
+            "rd_en": In(1),
+            "vrd_addr": In(self.vbuf_addr_bits(c)),
+            "enable": In(1),
+            "therm": In(c.dot_bits - 1),
+            "wr_addr": In(self.slot_bits(c)),
+            "wr_data": In(c.weight_block_bits),
+            "wr_rows": In(c.n),
+            "vwr_addr": In(self.vbuf_addr_bits(c)),
+            "vwr_data": In(c.vector_block_bits),
+            "vwr_en": In(1),
+            "rb_row": In(c.log2_n),
+            "rb_word": Out(c.weight_block_bits),
+            "dot": Out(data.ArrayLayout(signed(c.dot_bits), c.n)),
+            "shift": Out(data.ArrayLayout(shift_shape(c), c.n)),
+            "narrow": Out(range(c.n * (2 * c.n - 1) + 1)),
+        })
+
+    # Geometry shared with the MVM top.
+    @staticmethod
+    def slot_bits(config):
+        """Width of an MRF slot address (at least 1)."""
+        return max(1, ceil_log2(config.mrf_depth))
+
+    @staticmethod
+    def vbuf_half_bits(config):
+        """Address bits of one half of a vector-buffer bank (``ceil(log2(G_max))``)."""
+        return ceil_log2(config.col_groups_max)
+
+    @classmethod
+    def vbuf_addr_bits(cls, config):
+        """Vector-buffer address: ``{half, group}``, the half in the top bit."""
+        return cls.vbuf_half_bits(config) + 1
+
+    #: Read (memory register) + output register before the dot-product engines.
+    READ_LATENCY = 2
+
+    @classmethod
+    def dot_latency_of(cls, config):
+        """Cycles from a compute read to ``dot``/``shift``."""
+        return cls.READ_LATENCY + DotProductEngine.dot_latency_of(config)
+
+    @classmethod
+    def narrow_latency_of(cls, config):
+        """Cycles from a compute read to its ``narrow`` count."""
+        return cls.dot_latency_of(config) + 1 + ceil_log2(config.n)
+
+    @property
+    def dot_latency(self):
+        return self.dot_latency_of(self._config)
+
+    @property
+    def narrow_latency(self):
+        return self.narrow_latency_of(self._config)
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        n = c.n
+
+        # Vector-buffer bank: two halves of 2**ceil(log2(G_max)) blocks.
+        vbuf = Memory(shape=c.vector_block_bits, depth=2 << self.vbuf_half_bits(c), init=[])
+        m.submodules.vbuf = vbuf
+        vwp = vbuf.write_port()
+        vrp = vbuf.read_port(domain="sync", transparent_for=())
+        m.d.comb += [
+            vwp.addr.eq(self.vwr_addr), vwp.data.eq(self.vwr_data), vwp.en.eq(self.vwr_en),
+            vrp.addr.eq(self.vrd_addr), vrp.en.eq(self.rd_en),
+        ]
+        # Cycle 1 (memory data): the side signals catch up with the read.
+        enable1 = Signal(name="enable_c1")
+        therm1 = Signal(c.dot_bits - 1, name="therm_c1")
+        m.d.sync += [enable1.eq(self.enable), therm1.eq(self.therm)]
+        therm2 = Signal(c.dot_bits - 1, name="therm_c2")
+        m.d.sync += therm2.eq(therm1)
+
+        words = []
+        narrows = []
+        for i in range(n):
+            mem = Memory(shape=c.weight_block_bits, depth=c.mrf_depth, init=[])
+            m.submodules[f"mrf{i}"] = mem
+            wp = mem.write_port()
+            rp = mem.read_port(domain="sync", transparent_for=())
+            m.d.comb += [
+                wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_rows[i]),
+                rp.addr.eq(self.rd_addr), rp.en.eq(self.rd_en),
+            ]
+            # Cycle 2: the block RAM's output register, and this engine's own copy of
+            # the vector block (kept: merging the N copies back defeats their purpose).
+            word = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}")
+            m.d.sync += word.eq(rp.data)
+            vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
+                         attrs={"keep": 1})
+            m.d.sync += vec.eq(Mux(enable1, vrp.data, 0))
+            words.append(word)
+
+            dpe = DotProductEngine(c)
+            m.submodules[f"dpe{i}"] = dpe
+            m.d.comb += [
+                dpe.weights.eq(word),
+                dpe.vector.eq(vec),
+                dpe.therm.eq(therm2),
+                self.dot[i].eq(dpe.dot),
+                self.shift[i].eq(dpe.shift),
+            ]
+            narrows.append(dpe.narrow)
+
+        m.d.comb += self.rb_word.eq(Cat(*[w.as_value() for w in words])
+                                    .word_select(self.rb_row, c.weight_block_bits))
+
+        total, stages = pipelined_sum(m, narrows, "narrow_sum")
+        assert stages == self._narrow_sum_stages
+        m.d.comb += self.narrow.eq(total)
+        return m
