@@ -601,15 +601,19 @@ class Mvm(wiring.Component):
             writes_open & ~io_busy & ~resp.valid & ~self.w_stream.valid & ~self.mrf_w.valid)
         req_taken = self.mrf_r_req.valid & self.mrf_r_req.ready
         req = self.mrf_r_req.payload
-        error_set.append(req_taken & ((req.engine >= tiles) | (req.slot >= c.mrf_depth)))
+        req_bad = (req.engine >= tiles) | (req.slot >= c.mrf_depth)
+        rb_bad = Signal(name="readback_bad")
+        error_set.append(req_taken & req_bad)
         m.d.sync += [rb[0].eq(req_taken), rb[1].eq(rb[0]), rb[2].eq(rb[1])]
         with m.If(req_taken):
-            m.d.sync += rb_addr.eq(self.mrf_r_req.payload)
+            m.d.sync += [rb_addr.eq(self.mrf_r_req.payload), rb_bad.eq(req_bad)]
         rb_words = [e.rb_word for e in engines]
         rb_word = Cat(*rb_words).word_select(rb_addr.engine, c.weight_block_bits) \
             if tiles > 1 else rb_words[0]
         with m.If(rb[2]):
-            m.d.sync += [resp.valid.eq(1), resp.payload.eq(rb_word)]
+            # A word that does not exist reads as all zeros (not whatever the memory
+            # model gives for an address past its end).
+            m.d.sync += [resp.valid.eq(1), resp.payload.eq(Mux(rb_bad, 0, rb_word))]
         with m.Elif(resp.ready):
             m.d.sync += resp.valid.eq(0)
 

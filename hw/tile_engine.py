@@ -9,7 +9,7 @@ building blocks the MVM's other modules share: the narrow-width fit test
 shift that places a tile product on the accumulator grid (:func:`shift_offset`).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -19,8 +19,8 @@ from host.config import MvmConfig
 from host.formats import E8M0_BIAS, block_layout
 
 __all__ = [
-    "DotProductEngine", "TileEngine", "shift_offset", "shift_range", "shift_shape", "fit_thermometer",
-    "not_fits", "popcount", "pipelined_sum", "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
+    "DotProductEngine", "TileEngine", "shift_offset", "shift_range", "shift_shape",
+    "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
 ]
 
 #: Bits of the run-time narrow-accumulator width ``k`` (1..64) as it travels with a command.

@@ -12,8 +12,9 @@ and all model work is done with NumPy per product.
 Parameters come from the environment (set by ``tests/test_mvm_hw.py``): ``MVM_N``,
 ``MVM_TILES``, ``MVM_MV``, ``MVM_MW``, ``MVM_DEPTH``, ``MVM_MAX_COL_TILES``,
 ``MVM_COUNTER_BITS`` (the build), ``MVM_PRODUCTS`` (random products per stall setting,
-default 60) and ``MVM_RESULTS`` (where ``test_tile_independence`` writes its outputs and
-counters, to be compared across builds).
+default 60), ``MVM_RESULTS`` (where ``test_tile_independence`` writes its outputs and
+counters, to be compared across builds; the test skips itself without it) and
+``MVM_MATRICES`` (its number of matrices, 3 products each, default 12).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from cocotb.utils import get_sim_time
 
 from host import bfp
 from host.config import MvmConfig
-from host.formats import E8M0_BIAS, FP16_MAX_BITS, Rounding, block_bytes
+from host.formats import E8M0_BIAS, Rounding, block_bytes
 from host.numerics import mvm as model_mvm
 from hw.mvm import (
     EXPONENT_CODE_MAX, command_layout, latency, mrf_address_layout, mrf_word_layout,
@@ -377,7 +378,8 @@ class TB:
             base = self.next_base
         need = self.cfg.slots_needed(big_r, big_c)
         assert base + need <= self.cfg.mrf_depth
-        self.next_base = (base + need) % self.cfg.mrf_depth
+        # No wrap-around: a batch's matrices must not overlap while its products run.
+        self.next_base = base + need
         return Matrix(base=base, rows=rows, cols=cols, big_r=big_r, big_c=big_c,
                       codes=t.exponent_codes.reshape(big_r * self.cfg.n, big_c),
                       mantissas=t.mantissas.astype(np.int64), words=block_words(t),
@@ -569,12 +571,13 @@ class TB:
         self.expect_counts = dict.fromkeys(COUNTERS, 0)
         self.check_counters()
 
-    async def wait_idle(self, limit=100000):
-        """Wait until every source is empty and the MVM is no longer busy."""
+    async def wait_idle(self, limit=100000, *, vectors=True):
+        """Wait until every source is empty (``x_stream`` too unless ``vectors`` is
+        false) and the MVM is no longer busy."""
         edge = RisingEdge(self.dut.clk)
         for _ in range(limit):
-            if (self.cmd.idle and self.x.idle and self.w.idle and self.mrf_w.idle
-                    and self.rreq.idle and not self.dut.busy.value):
+            if (self.cmd.idle and (self.x.idle or not vectors) and self.w.idle
+                    and self.mrf_w.idle and self.rreq.idle and not self.dut.busy.value):
                 await edge
                 if not self.dut.busy.value:
                     return
@@ -836,7 +839,7 @@ async def test_errors(dut):
     await tb.wait_idle()
 
     async def expect_error(what):
-        await tb.wait_idle()
+        await tb.wait_idle(vectors=False)
         assert dut.error.value == 1, f"{what}: error not set"
         dut.error_clear.value = 1
         await RisingEdge(dut.clk)
@@ -890,6 +893,13 @@ async def test_errors(dut):
                                    block=good)])
         await tb.mrf_w.drained()
         await expect_error("mrf_w slot out of range")
+    # A read-back of an engine or slot that does not exist answers, and sets error.
+    if (1 << dict(tb.addr_layout)["engine"].width) > c.tiles:
+        assert await tb.read_mrf([(c.tiles, 0, 0)]) == [0]
+        await expect_error("mrf_r_req engine out of range")
+    if (1 << dict(tb.addr_layout)["slot"].width) > c.mrf_depth:
+        assert await tb.read_mrf([(0, 0, c.mrf_depth)]) == [0]
+        await expect_error("mrf_r_req slot out of range")
     tb.w.send([pack_struct(tb.row_layout, engine=engine, row=i, slot=slot,
                            values=pack_lanes(np.full(n, 0x3C00, np.uint16)),
                            rounding=0, static=1, static_exponent=143)])
@@ -919,15 +929,18 @@ async def test_clear(dut):
     """``clear`` zeroes every counter, also in the middle of a product."""
     tb = TB(dut, stalls=False)
     await tb.reset()
-    w16 = tb.stim.values((2 * tb.cfg.n, 2 * tb.cfg.n), "extreme")
-    padded = w16.copy()
+    # +-65504 everywhere (one +inf): every quantizer value rounds past the top code,
+    # every output saturates, k = 1 makes narrow events; one inf counts as non-finite.
+    n = tb.cfg.n
+    padded = np.full((2 * n, 2 * n), 65504.0, np.float16)
     padded[0, 0] = np.inf
     t, br, bc = tb.quantize_matrix(padded)
-    mat = tb.place(w16.shape[0], w16.shape[1], t, br, bc, base=0)
+    mat = tb.place(2 * n, 2 * n, t, br, bc, base=0)
     tb.load_fp16(mat, padded, Rounding.NEAREST_EVEN, None)
     await tb.w.drained()
-    p = tb.product(mat, x_bits=np.concatenate(
-        [[0x7C00], tb.stim.values((2 * tb.cfg.n - 1,), "extreme").view(np.uint16)]), k=1)
+    x_bits = np.full(2 * n, 0x7BFF, np.uint16)
+    x_bits[0] = 0x7C00
+    p = tb.product(mat, x_bits=x_bits, static_code=None, k=1)
     tb.send_products([p])
     await tb.check_products()
     assert all(tb.counters().values()), f"every counter should count: {tb.counters()}"
@@ -945,7 +958,7 @@ async def test_tile_independence(dut):
     c, n = tb.cfg, tb.cfg.n
     rng = np.random.default_rng(20260101)       # independent of the build
     stim = Stimulus(rng)
-    for _ in range(12):
+    for _ in range(int(os.environ.get("MVM_MATRICES", "12"))):
         big_c = int(rng.integers(1, c.max_col_tiles + 1))
         big_r = int(rng.integers(1, max(1, c.mrf_depth // big_c) + 1))
         rows = int(rng.integers((big_r - 1) * n + 1, big_r * n + 1))

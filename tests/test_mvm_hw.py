@@ -3,7 +3,7 @@
 The cocotb bench is ``sim/test_mvm.py``; the build parameters travel as environment
 variables. Builds are small (N = 8, 32 slots, 8 column tiles) so that both simulators run
 the whole suite in minutes; ``MVM_PRODUCTS`` (random products per stall setting, default
-60) can be raised from the environment for a longer soak.
+60 under Verilator, 16 under Icarus) can be raised from the environment for a soak.
 
 ``test_tile_count_independence`` runs the same fixed products on the 1-, 2- and 4-engine
 builds and requires identical output bits and counters.
@@ -18,7 +18,10 @@ from host.config import MvmConfig
 from hw.mvm import Mvm
 from sim.runner import BUILD_ROOT, run_cocotb
 
-PRODUCTS = os.environ.get("MVM_PRODUCTS", "60")
+#: Random products per stall setting, and matrices of the tile-independence run, per
+#: simulator: Icarus runs this design about 10x slower, so Verilator carries the volume.
+PRODUCTS = {"verilator": "60", "icarus": "16"}
+MATRICES = {"verilator": "12", "icarus": "5"}
 
 #: name -> build. The first three differ only in the number of tile engines. "odd" has
 #: a non-power-of-two T and depth, other mantissa widths and 10-bit counters that
@@ -39,7 +42,7 @@ def _build_name(key):
             f"_d{c.mrf_depth}_c{c.max_col_tiles}_b{c.counter_bits}")
 
 
-def _env(config, **extra):
+def _env(config, simulator, **extra):
     return {
         "MVM_N": str(config.n),
         "MVM_TILES": str(config.tiles),
@@ -48,7 +51,8 @@ def _env(config, **extra):
         "MVM_DEPTH": str(config.mrf_depth),
         "MVM_MAX_COL_TILES": str(config.max_col_tiles),
         "MVM_COUNTER_BITS": str(config.counter_bits),
-        "MVM_PRODUCTS": PRODUCTS,
+        "MVM_PRODUCTS": os.environ.get("MVM_PRODUCTS", PRODUCTS[simulator]),
+        "MVM_MATRICES": MATRICES[simulator],
         **extra,
     }
 
@@ -62,7 +66,7 @@ def test_mvm(simulator, build):
         test_module="sim.test_mvm",
         simulator=simulator,
         # Every cocotb test; test_tile_independence skips itself without MVM_RESULTS.
-        extra_env=_env(config),
+        extra_env=_env(config, simulator),
     )
 
 
@@ -80,7 +84,7 @@ def test_tile_count_independence(simulator):
             component=Mvm(config),
             test_module="sim.test_mvm",
             simulator=simulator,
-            extra_env=_env(config, MVM_RESULTS=str(path)),
+            extra_env=_env(config, simulator, MVM_RESULTS=str(path)),
             testcase="test_tile_independence",
         )
         results[build] = json.loads(path.read_text())
