@@ -31,13 +31,12 @@ from amaranth.lib import enum
 from .formats import FP16_BIAS, FP16_FRAC_BITS
 
 __all__ = [
-    "UnaryOp", "TABLE_OPS", "unary", "unary_bits", "unary_events", "reference_bits",
-    "reference_values", "ErrorReport", "measure_error", "rom_depth", "parse_ops", "T_CLAMP_EXP",
-    "ulp_distance",
-    "LOG2E_FRAC_BITS", "LOG2E_INT", "T_FRAC_BITS", "T_INT_BITS", "C0_FRAC_BITS",
-    "C0_BITS", "C1_BITS", "DX_BITS", "ROM_WORD_BITS", "Y_BITS", "SIG_TABLES",
-    "TANH_SMALL_BINADES", "Region", "REGIONS", "rom_layout", "rom_words", "rom_fields",
-    "segment_fit",
+    "UnaryOp", "TABLE_OPS", "parse_ops", "unary", "unary_bits", "unary_events",
+    "reference_values", "reference_bits", "ulp_distance", "ErrorReport", "measure_error",
+    "LOG2E_FRAC_BITS", "LOG2E_INT", "T_FRAC_BITS", "T_INT_BITS", "T_CLAMP_EXP",
+    "C0_FRAC_BITS", "C0_BITS", "C1_BITS", "DX_BITS", "ROM_WORD_BITS", "Y_BITS",
+    "SIG_TABLES", "TANH_SMALL_BINADES", "Region", "REGIONS", "rom_layout", "rom_depth",
+    "rom_words", "rom_fields", "segment_fit",
 ]
 
 
@@ -114,7 +113,6 @@ _WF = C0_FRAC_BITS
 _NAN = 0x7E00
 _INF = 0x7C00
 _ONE = 0x3C00
-_HALF = 0x3800
 
 
 class Region(NamedTuple):

@@ -19,7 +19,7 @@ from host.unary import (
 __all__ = ["Fp16Unary", "LATENCY", "LANES_MAX"]
 
 #: Register stages from an accepted input vector to its output (see :class:`Fp16Unary`).
-LATENCY = 12
+LATENCY = 13
 LANES_MAX = 64
 
 _F = T_FRAC_BITS
@@ -64,30 +64,36 @@ class Fp16Unary(wiring.Component):
     Every output equals :func:`host.unary.unary_bits` (and the event bits
     :func:`host.unary.unary_events`) bit for bit, for every op, input and build.
 
-    **Datapath per lane** (``docs/unary-functions.md`` gives the reasons and the error):
+    **Datapath per lane** (``docs/unary-functions.md`` gives the reasons and the error);
+    register ``k`` holds what was computed from register ``k - 1``:
 
     1. decode; what the lane's output is if not the datapath's (NaN, +-inf, +-0, relu,
        pass, tanh of tiny x, reciprocal of 0 and of inf).
-    2. ``p = sig * round(log2(e) * 2**17)`` (11 x 18 bits, one multiplier).
-    3. ``|t| * 2**16 = p >> (26 - ex - c)`` (barrel shift, clamp for ``|x| * 2**c >= 32``),
-       ``i, f`` of ``+-t``; leading-zero count of a subnormal's significand (reciprocal).
-    4. ROM address and segment position ``dx`` of the op's table; exponent ``q``.
-    5. ROM read (a ``lib.memory.Memory`` with no write port: block RAM, one read port per
-       lane, two lanes per memory); 6. ROM output register.
-    7. ``c1 * dx`` (16 x 11 bits, one multiplier); 8. ``y = c0 + (c1 * dx >> 11)``.
-    9. shift amount: subnormal or complement alignment; 10. right shift.
-    11. complement ``1 - v`` (sigmoid of x >= 0, tanh of |x| >= 1/2) by inversion,
-        normalization.
-    12. round (one increment), pick the exponent field and overflow prepared in 11,
-        special results, events; output register.
+    2. the significand again, as the multiplier's own input register.
+    3. ``p = sig * round(log2(e) * 2**17)`` (11 x 18 bits, a DSP block).
+    4. ``|t| * 2**16 = p >> (26 - ex - c)`` (barrel shift, clamp for ``|x| * 2**c >= 32``),
+       ``i, f`` of ``+-t``; normalized significand of a subnormal (reciprocal; its
+       leading zeros are counted in stage 3).
+    5. ROM address and segment position ``dx`` of the op's table; exponent ``q``.
+    6. ROM read (a ``lib.memory.Memory`` with no write port: block RAM, one read port per
+       lane, two lanes per memory); 7. ROM output register.
+    8. ``c1 * dx`` (16 x 11 bits, a DSP block); 9. ``y = c0 + (c1 * dx >> 11)``.
+    10. shift amount: subnormal or complement alignment; 11. right shift.
+    12. complement ``1 - v`` (sigmoid of x >= 0, tanh of |x| >= 1/2) by inversion,
+        normalization, the three possible exponent fields and their overflow tests.
+    13. round (one increment) and pick the exponent field; special results, events:
+        the output register.
 
-    The pipeline has :data:`LATENCY` (12) register stages that all advance together
-    when the output register is empty or being read (a global stall): a vector leaves
-    ``o_stream`` 12 cycles after it was accepted when nothing stalls, and one vector is
-    accepted per cycle while ``o_stream.ready`` is high. ``i_stream.ready`` depends
-    combinationally on ``o_stream.ready`` (never the other way round); ``o_stream.valid``
-    only on state; the output payload is held while ``o_stream.ready`` is low. The op is
-    part of each vector's payload, so consecutive vectors may use different ops.
+    **Flow control.** Registers 1 to 12 advance together whenever the *skid register*
+    (a second output register) is empty; the output register (13) loads when it is empty
+    or being read, and otherwise the skid register takes the result, which stops the
+    pipeline until the output register has taken it over. So ``i_stream.ready`` is a
+    flip-flop (not a function of ``o_stream.ready``: no combinational path through the
+    unit, and no wide stall net driven by logic), ``o_stream.valid`` and the payload are
+    flip-flops, held while ``o_stream.ready`` is low, and one vector per cycle passes
+    while ``o_stream.ready`` is high. Without stalls a vector leaves ``o_stream``
+    :data:`LATENCY` (13) cycles after it was accepted. The op is part of each vector's
+    payload, so consecutive vectors may use different ops.
 
     An op missing from ``ops`` (and the unused codes 6 and 7) gives the canonical NaN on
     every lane, with ``nan_created`` set for every non-NaN input.
@@ -160,9 +166,12 @@ class Fp16Unary(wiring.Component):
         has = {op: op in built for op in UnaryOp}
         layout = self._layout
 
+        # The pipeline (every register but the output's) advances whenever the skid
+        # register is empty: `advance` is a flip-flop, not a function of o_stream.ready.
+        skid_valid = Signal()
         advance = Signal()
         m.d.comb += [
-            advance.eq(~self.o_stream.valid | self.o_stream.ready),
+            advance.eq(~skid_valid),
             self.i_stream.ready.eq(advance),
         ]
 
@@ -180,11 +189,10 @@ class Fp16Unary(wiring.Component):
 
         # Valid bits (reset) and the op, shared by all lanes, per stage.
         valid = [self.i_stream.valid]
-        for k in range(1, LATENCY + 1):
+        for k in range(1, LATENCY):
             v = Signal(name=f"valid{k}")
             m.d.sync += v.eq(Mux(advance, valid[-1], v))
             valid.append(v)
-        m.d.comb += self.o_stream.valid.eq(valid[LATENCY])
 
         op_in = wire(3, "op0", self.i_stream.payload.op.as_value())
         ops = [op_in]
@@ -202,16 +210,37 @@ class Fp16Unary(wiring.Component):
                     read_ports.append(rom.read_port(domain="sync"))
 
         payload_x = self.i_stream.payload.x
-        out = self.o_stream.payload
+        result = Signal(output_layout(lanes), name="result")
         for lane in range(lanes):
             res, ovf, nanc = self._lane(m, lane, payload_x[lane], ops, has, layout,
                                         read_ports[lane] if read_ports else None,
                                         advance, wire, reg)
             m.d.comb += [
-                out.result[lane].eq(res),
-                out.overflow[lane].eq(ovf),
-                out.nan_created[lane].eq(nanc),
+                result.result[lane].eq(res),
+                result.overflow[lane].eq(ovf),
+                result.nan_created[lane].eq(nanc),
             ]
+
+        # Output register and skid register. While the skid register is empty the
+        # pipeline advances, and a result that the output register cannot take (it is
+        # full and not being read) is parked in the skid register; that stops the
+        # pipeline until the output register has taken it over.
+        out_valid = Signal()
+        skid = Signal(output_layout(lanes), name="skid", reset_less=True)
+        taken = out_valid & self.o_stream.ready
+        m.d.comb += self.o_stream.valid.eq(out_valid)
+        last = valid[LATENCY - 1]
+        with m.If(skid_valid):
+            with m.If(taken):
+                m.d.sync += [self.o_stream.payload.eq(skid), skid_valid.eq(0)]
+        with m.Elif(~out_valid | taken):
+            m.d.sync += out_valid.eq(last)
+            with m.If(last):
+                m.d.sync += self.o_stream.payload.eq(result)
+        with m.Else():
+            m.d.sync += skid_valid.eq(last)
+            with m.If(last):
+                m.d.sync += skid.eq(result)
         return m
 
     def _lane(self, m, lane, x_in, ops, has, layout, rp, advance, wire, reg):
@@ -279,81 +308,80 @@ class Fp16Unary(wiring.Component):
             x = x_s[k]
             return x[15], x[10:15], x[:10]
 
+        def delay(name, shape, value, first, last):
+            """``value`` (of stage ``first``) registered up to stage ``last``: a dict."""
+            out = {first: value}
+            for k in range(first + 1, last + 1):
+                out[k] = r(shape, f"{name}{k}", out[k - 1])
+            return out
+
         if table:
+            # Register stages (the value computed from stage k-1 is held in register k).
+            S_SIG, S_P, S_T, S_ADDR, S_ROM, S_ROMR, S_PROD, S_Y, S_AMT, S_SH, S_G = \
+                range(2, LATENCY)
             # significand and exponent of |x| = sig * 2**(ex - 25)
             sig0 = w(11, "sig0", Cat(fr0, ef0 != 0))
             ex0 = w(5, "ex0", Mux(ef0 == 0, 1, ef0))
-            c0_ = w(1, "c0", op_tanh0)
-            ec0 = w(6, "ec0", ex0 + c0_)
-            big0 = w(1, "big0", ec0 >= FP16_BIAS + T_CLAMP_EXP)
-            sh0 = w(5, "sh0", (FP16_BIAS + T_CLAMP_EXP - 1) - ec0)
-            neg0 = w(1, "neg0", Mux(op_exp0, s0, 1))
+            c_in = w(1, "c0", op_tanh0)
+            ec0 = w(6, "ec0", ex0 + c_in)
+            big = delay("big", 1, w(1, "big0", ec0 >= FP16_BIAS + T_CLAMP_EXP), 0, S_P)
+            sh = delay("sh", 5, w(5, "sh0", (FP16_BIAS + T_CLAMP_EXP - 1) - ec0), 0, S_P)
+            neg = delay("neg", 1, w(1, "neg0", Mux(op_exp0, s0, 1)), 0, S_P)
+            c_ = delay("c", 1, c_in, 0, S_T)
             # tanh: small-argument table (ef 9..13) or complement path (ef >= 14)
-            tsmall0 = w(1, "tsmall0", op_tanh0 & (ef0 <= _TS_HI))
-            sig1 = r(11, "sig1", sig0)
-            big1 = r(1, "big1", big0)
-            sh1 = r(5, "sh1", sh0)
-            neg1 = r(1, "neg1", neg0)
-            c1 = r(1, "c1", c0_)
-            tsmall1 = r(1, "tsmall1", tsmall0)
+            tsmall = delay("tsmall", 1, w(1, "tsmall0", op_tanh0 & (ef0 <= _TS_HI)), 0, S_T)
 
-            # -- stage 2: p = sig * log2(e) ---------------------------------------------
+            # -- p = sig * log2(e): a register that only feeds the multiplier (a DSP
+            # block), so that placement may put it next to the DSP column.
             if log_ops:
-                p2 = r(_P_BITS, "p2", sig1 * LOG2E_INT)
-            big2 = r(1, "big2", big1)
-            sh2 = r(5, "sh2", sh1)
-            neg2 = r(1, "neg2", neg1)
-            c2 = r(1, "c2", c1)
-            tsmall2 = r(1, "tsmall2", tsmall1)
+                sig_in = delay("sig", 11, sig0, 0, S_SIG)[S_SIG]
+                p_ = delay("p", _P_BITS, sig_in * LOG2E_INT, S_P - 1, S_P)
 
-            # -- stage 3: |t|, i and f; leading zeros for the reciprocal -----------------
+            # -- |t|, i and f; leading zeros for the reciprocal ------------------------------
             if log_ops:
-                tmag2 = w(_T_BITS, "tmag2",
-                          Mux(big2, (1 << _T_BITS) - 1, (p2 >> _P_SHIFT_BASE) >> sh2))
-                j2 = tmag2[_F:]
-                frc2 = tmag2[:_F]
-                i3 = r(signed(T_INT_BITS + 1), "i3",
-                       Mux(neg2, (~Cat(j2, Const(0, 1))).as_signed(),
-                           Cat(j2, Const(0, 1)).as_signed()))
-                f3 = r(_F, "f3", frc2 ^ neg2.replicate(_F))
-            c3 = r(1, "c3", c2)
-            tsmall3 = r(1, "tsmall3", tsmall2)
+                k = S_T - 1
+                tmag = w(_T_BITS, f"tmag{k}",
+                         Mux(big[k], (1 << _T_BITS) - 1, (p_[k] >> _P_SHIFT_BASE) >> sh[k]))
+                j = Cat(tmag[_F:], Const(0, 1)).as_signed()
+                i_t = r(signed(T_INT_BITS + 1), f"i{S_T}", Mux(neg[k], ~j, j))
+                f_t = r(_F, f"f{S_T}", tmag[:_F] ^ neg[k].replicate(_F))
             if has[UnaryOp.RECIP]:
-                # leading zeros of a subnormal's fraction (stage 2), normalizing shift
-                # (stage 3); a normal number has none
-                _, ef1, fr1 = fields(1)
-                lz = Signal(4, name=f"l{lane}_lz1")
-                with m.If(ef1 == 0):
+                # leading zeros of a subnormal's fraction, then the normalizing shift, in
+                # the two stages before the address; a normal number has none
+                k = S_T - 2
+                _, ef_z, fr_z = fields(k)
+                lz = Signal(4, name=f"l{lane}_lz{k}")
+                with m.If(ef_z == 0):
                     for bit in range(10):          # the highest set bit wins
-                        with m.If(fr1[bit]):
+                        with m.If(fr_z[bit]):
                             m.d.comb += lz.eq(10 - bit)
-                lz2 = r(4, "lz2", lz)
-                lz3 = r(4, "lz3", lz2)
-                _, ef2, fr2 = fields(2)
-                sig2 = w(11, "sig2", Cat(fr2, ef2 != 0))
-                mant3 = r(10, "mant3", (sig2 << lz2)[:10])
+                lz_ = delay("lz", 4, lz, k, S_T)
+                _, ef_n, fr_n = fields(k + 1)
+                sig_n = w(11, f"sig{k + 1}", Cat(fr_n, ef_n != 0))
+                mant = r(10, f"mant{S_T}", (sig_n << lz_[k + 1])[:10])
 
-            # -- stage 4: ROM address, dx, exponent q, direct or complement --------------
-            s3, ef3, fr3 = fields(3)
-            addr = Signal(10, name=f"l{lane}_addr3")
-            dx = Signal(DX_BITS, name=f"l{lane}_dx3")
-            q = Signal(signed(8), name=f"l{lane}_q3")
-            direct = Signal(name=f"l{lane}_direct3")
+            # -- ROM address, dx, exponent q, direct or complement -----------------------
+            k = S_ADDR - 1
+            s_a, ef_a, fr_a = fields(k)
+            addr = Signal(10, name=f"l{lane}_addr{k}")
+            dx = Signal(DX_BITS, name=f"l{lane}_dx{k}")
+            q = Signal(signed(8), name=f"l{lane}_q{k}")
+            direct = Signal(name=f"l{lane}_direct{k}")
             m.d.comb += [addr.eq(0), dx.eq(0), q.eq(0), direct.eq(1)]
             if log_ops:
                 re = REGIONS["exp2"]
-                e_addr = w(10, "eaddr3", layout["exp2"] + f3[re.dx_bits:])
-                e_dx = w(DX_BITS, "edx3", f3[:re.dx_bits] << (DX_BITS - re.dx_bits))
+                e_addr = w(10, f"eaddr{k}", layout["exp2"] + f_t[re.dx_bits:])
+                e_dx = w(DX_BITS, f"edx{k}", f_t[:re.dx_bits] << (DX_BITS - re.dx_bits))
             if has[UnaryOp.SIGMOID] or has[UnaryOp.TANH]:
                 rg = REGIONS["sigmoid"]
-                in_g = w(1, "in_g3", i3 >= -SIG_TABLES)
-                g_addr = w(10, "gaddr3", layout["sigmoid"]
-                           + Cat(f3[rg.dx_bits:], (~i3)[:4]))
-                g_dx = w(DX_BITS, "gdx3", f3[:rg.dx_bits] << (DX_BITS - rg.dx_bits))
-            with m.Switch(ops[3]):
+                in_g = w(1, f"in_g{k}", i_t >= -SIG_TABLES)
+                g_addr = w(10, f"gaddr{k}", layout["sigmoid"]
+                           + Cat(f_t[rg.dx_bits:], (~i_t)[:4]))
+                g_dx = w(DX_BITS, f"gdx{k}", f_t[:rg.dx_bits] << (DX_BITS - rg.dx_bits))
+            with m.Switch(ops[k]):
                 if has[UnaryOp.EXP]:
                     with m.Case(UnaryOp.EXP):
-                        m.d.comb += [addr.eq(e_addr), dx.eq(e_dx), q.eq(i3)]
+                        m.d.comb += [addr.eq(e_addr), dx.eq(e_dx), q.eq(i_t)]
                 for op in (UnaryOp.SIGMOID, UnaryOp.TANH):
                     if not has[op]:
                         continue
@@ -361,132 +389,118 @@ class Fp16Unary(wiring.Component):
                         m.d.comb += [
                             addr.eq(Mux(in_g, g_addr, e_addr)),
                             dx.eq(Mux(in_g, g_dx, e_dx)),
-                            q.eq(i3 + c3),
-                            direct.eq(s3 if op is UnaryOp.SIGMOID else 0),
+                            q.eq(i_t + c_[k]),
+                            direct.eq(s_a if op is UnaryOp.SIGMOID else 0),
                         ]
                         if op is UnaryOp.TANH:
                             rt = REGIONS["tanh_small"]
-                            with m.If(tsmall3):
+                            with m.If(tsmall[k]):
                                 m.d.comb += [
                                     addr.eq(layout["tanh_small"]
-                                            + Cat(fr3[rt.dx_bits:], (ef3 - _TS_LO)[:3])),
-                                    dx.eq(fr3[:rt.dx_bits] << (DX_BITS - rt.dx_bits)),
-                                    q.eq(ef3 - FP16_BIAS),
+                                            + Cat(fr_a[rt.dx_bits:], (ef_a - _TS_LO)[:3])),
+                                    dx.eq(fr_a[:rt.dx_bits] << (DX_BITS - rt.dx_bits)),
+                                    q.eq(ef_a - FP16_BIAS),
                                     direct.eq(1),
                                 ]
                 if has[UnaryOp.RECIP]:
                     rr = REGIONS["recip"]
                     with m.Case(UnaryOp.RECIP):
-                        ex3 = Mux(ef3 == 0, 1, ef3)
+                        ex_a = Mux(ef_a == 0, 1, ef_a)
                         m.d.comb += [
-                            addr.eq(layout["recip"] + mant3[rr.dx_bits:]),
-                            dx.eq(mant3[:rr.dx_bits] << (DX_BITS - rr.dx_bits)),
-                            q.eq(FP16_BIAS + lz3 - ex3),
+                            addr.eq(layout["recip"] + mant[rr.dx_bits:]),
+                            dx.eq(mant[:rr.dx_bits] << (DX_BITS - rr.dx_bits)),
+                            q.eq(FP16_BIAS + lz_[k] - ex_a),
                         ]
-            addr4 = r(10, "addr4", addr)
-            dx4 = r(DX_BITS, "dx4", dx)
-            q4 = r(signed(8), "q4", q)
-            direct4 = r(1, "direct4", direct)
+            addr_r = r(10, f"addr{S_ADDR}", addr)
+            dx_ = delay("dx", DX_BITS, dx, k, S_ROMR)
+            q_ = delay("q", signed(8), q, k, S_PROD)
+            direct_ = delay("direct", 1, direct, k, S_SH)
 
-            # -- stage 5: ROM read; shift limits ---------------------------------------------
-            m.d.comb += [rp.addr.eq(addr4), rp.en.eq(advance)]
-            dx5 = r(DX_BITS, "dx5", dx4)
-            q5 = r(signed(8), "q5", q4)
-            direct5 = r(1, "direct5", direct4)
+            # -- ROM read; shift limits ----------------------------------------------------
+            m.d.comb += [rp.addr.eq(addr_r), rp.en.eq(advance)]
+            k = S_ROM - 1
             # u = clip(-13 - q, 0, 15): places below the normal range (subnormal results)
-            neg13 = w(signed(9), "neg13_4", -13 - q4)
-            u5 = r(4, "u5", Mux(neg13 < 0, 0, Mux(neg13 > 15, 15, neg13[:4])))
+            neg13 = w(signed(9), f"neg13_{k}", -13 - q_[k])
+            u_ = delay("u", 4, Mux(neg13 < 0, 0, Mux(neg13 > 15, 15, neg13[:4])), k, S_Y)
             # complement alignment: v * 2**20 = y >> min(-q - 1, 21)
-            negq = w(signed(9), "negq4", -1 - q4)
-            cs5 = r(5, "cs5", Mux(negq > _WF + 2, _WF + 2, Mux(negq < 0, 0, negq[:5])))
+            negq = w(signed(9), f"negq{k}", -1 - q_[k])
+            cs_ = delay("cs", 5, Mux(negq > _WF + 2, _WF + 2, Mux(negq < 0, 0, negq[:5])),
+                        k, S_Y)
 
-            # -- stage 6: ROM output register ------------------------------------------------
-            c0_6 = r(C0_BITS, "c0_6", rp.data[:C0_BITS])
-            c1_6 = r(signed(C1_BITS), "c1_6", rp.data[C0_BITS:].as_signed())
-            dx6 = r(DX_BITS, "dx6", dx5)
-            q6 = r(signed(8), "q6", q5)
-            direct6 = r(1, "direct6", direct5)
-            u6 = r(4, "u6", u5)
-            cs6 = r(5, "cs6", cs5)
+            # -- ROM output register; c1 * dx (a DSP block) ----------------------------------
+            c0_ = delay("c0_", C0_BITS, rp.data[:C0_BITS], S_ROM, S_PROD)
+            c1_r = r(signed(C1_BITS), f"c1_{S_ROMR}", rp.data[C0_BITS:].as_signed())
+            prod = delay("prod", signed(C1_BITS + DX_BITS + 1), c1_r * dx_[S_ROMR],
+                         S_PROD - 1, S_PROD)
 
-            # -- stage 7: c1 * dx ------------------------------------------------------------
-            prod7 = r(signed(C1_BITS + DX_BITS + 1), "prod7", c1_6 * dx6)
-            c0_7 = r(C0_BITS, "c0_7", c0_6)
-            q7 = r(signed(8), "q7", q6)
-            direct7 = r(1, "direct7", direct6)
-            u7 = r(4, "u7", u6)
-            cs7 = r(5, "cs7", cs6)
-
-            # -- stage 8: y = c0 + (c1 * dx >> 11) --------------------------------------------
-            y8 = r(Y_BITS, "y8", (c0_7 + (prod7 >> DX_BITS))[:Y_BITS])
+            # -- y = c0 + (c1 * dx >> 11); exponent field candidates -----------------------
+            k = S_Y - 1
+            y_ = delay("y", Y_BITS, (c0_[k] + (prod[k] >> DX_BITS))[:Y_BITS], k, S_AMT)
             # exponent field base max(q - 1 + n, -14) + 14 for n = 0 and n = 1
-            bq0 = w(signed(9), "bq0_7", q7 + 13)
-            bq1 = w(signed(9), "bq1_7", q7 + 14)
-            base0_8 = r(7, "base0_8", Mux(bq0 < 0, 0, bq0[:7]))
-            base1_8 = r(7, "base1_8", Mux(bq1 < 0, 0, bq1[:7]))
-            direct8 = r(1, "direct8", direct7)
-            u8 = r(4, "u8", u7)
-            cs8 = r(5, "cs8", cs7)
+            bq0 = w(signed(9), f"bq0_{k}", q_[k] + 13)
+            bq1 = w(signed(9), f"bq1_{k}", q_[k] + 14)
+            base0 = r(7, f"base0_{S_Y}", Mux(bq0 < 0, 0, bq0[:7]))
+            base1 = r(7, f"base1_{S_Y}", Mux(bq1 < 0, 0, bq1[:7]))
 
-            # -- stage 9: shift amount ---------------------------------------------------------
-            n8 = w(1, "n8", y8[_WF])
+            # -- shift amount ----------------------------------------------------------------
+            k = S_AMT - 1
+            n = w(1, f"n{k}", y_[k][_WF])
             # direct: 7 + n + (subnormal places); see host.unary._round
-            rr8 = w(4, "r8", Mux(n8, Mux(u8 == 0, 1, u8), Mux(u8 > 14, 14, u8)))
-            amt9 = r(5, "amt9", Mux(direct8, rr8 + (_WF - 12), cs8))
-            y9 = r(Y_BITS, "y9", y8)
-            base9 = r(7, "base9", Mux(n8, base1_8, base0_8))
-            direct9 = r(1, "direct9", direct8)
+            u = u_[k]
+            rsub = w(4, f"r{k}", Mux(n, Mux(u == 0, 1, u), Mux(u > 14, 14, u)))
+            amt = r(5, f"amt{S_AMT}", Mux(direct_[k], rsub + (_WF - 12), cs_[k]))
+            base_ = delay("base", 7, Mux(n, base1, base0), k, S_SH)
 
-            # -- stage 10: right shift -----------------------------------------------------------
-            ysh10 = r(Y_BITS, "ysh10", y9 >> amt9)
-            base10 = r(7, "base10", base9)
-            direct10 = r(1, "direct10", direct9)
+            # -- right shift ---------------------------------------------------------------------
+            ysh = r(Y_BITS, f"ysh{S_SH}", y_[S_AMT] >> amt)
 
-            # -- stage 11: complement, normalization ---------------------------------------------
+            # -- complement, normalization; exponent field candidates -------------------------
+            k = S_G - 1
             # 1 - v = A * 2**-20, A = 2**20 - 1 - floor(v * 2**20): the 20-bit inverse
-            a10 = w(Y_BITS, "a10", ~ysh10)
-            nc = w(1, "nc10", a10[_WF])
-            g_c = w(12, "gc10", Mux(nc, a10 >> (_WF - 11), a10 >> (_WF - 12)))
+            a = w(Y_BITS, f"a{k}", ~ysh)
+            nc = w(1, f"nc{k}", a[_WF])
+            g_c = w(12, f"gc{k}", Mux(nc, a >> (_WF - 11), a >> (_WF - 12)))
             # the kept bits and the guard bit (y < 2**20 shifted by >= 7 + n: 12 bits)
-            g11 = r(12, "g11", Mux(direct10, ysh10[:12], g_c))
+            g = r(12, f"g{S_G}", Mux(direct_[k], ysh[:12], g_c))
             # The significand (g + 1) >> 1 is at most 2048, so it adds 0, 1 or 2 to the
             # exponent field: the three sums and their overflow tests are made here,
-            # from the field alone, and stage 12 only picks one.
-            base = w(7, "base_sel10", Mux(direct10, base10, 12 + nc))
-            field11 = [r(5, f"field{k}_11", (base + k)[:5]) for k in range(3)]
-            over11 = [r(1, f"over{k}_11", base + k >= 31) for k in range(3)]
+            # from the field alone, and the last stage only picks one.
+            base = w(7, f"base_sel{k}", Mux(direct_[k], base_[k], 12 + nc))
+            fields_g = [r(5, f"field{i}_{S_G}", (base + i)[:5]) for i in range(3)]
+            over_g = [r(1, f"over{i}_{S_G}", base + i >= 31) for i in range(3)]
 
-            # -- stage 12 (output register): round, pack, specials ------------------------------
-            sig11 = w(12, "sig11", (g11 + 1) >> 1)
-            carry = sig11[10:12]
-            dp_ovf = w(1, "dp_ovf11", Mux(carry[1], over11[2],
-                                           Mux(carry[0], over11[1], over11[0])))
-            field = Mux(carry[1], field11[2], Mux(carry[0], field11[1], field11[0]))
-            dp_mag = w(15, "dp_mag11", Mux(dp_ovf, 0x7C00, Cat(sig11[:10], field)))
+            # -- output register: round, pack, specials --------------------------------------
+            k = LATENCY - 1
+            sig_o = w(12, f"sig{k}", (g + 1) >> 1)
+            carry = sig_o[10:12]
+            dp_ovf = w(1, f"dp_ovf{k}", Mux(carry[1], over_g[2],
+                                            Mux(carry[0], over_g[1], over_g[0])))
+            field = Mux(carry[1], fields_g[2], Mux(carry[0], fields_g[1], fields_g[0]))
+            dp_mag = w(15, f"dp_mag{k}", Mux(dp_ovf, 0x7C00, Cat(sig_o[:10], field)))
         else:
             dp_ovf = Const(0, 1)
             dp_mag = Const(0, 15)
 
         k = LATENCY - 1
-        x11 = x_s[k]
-        sign11 = w(1, "sign11", x11[15] & sgn[k])
-        res = Signal(16, name=f"l{lane}_res11")
+        xk = x_s[k]
+        sign = w(1, f"sign{k}", xk[15] & sgn[k])
+        res = Signal(16, name=f"l{lane}_res{k}")
         with m.Switch(kind[k]):
             with m.Case(_Kind.DP):
-                m.d.comb += res.eq(Cat(dp_mag, sign11))
+                m.d.comb += res.eq(Cat(dp_mag, sign))
             with m.Case(_Kind.X):
-                m.d.comb += res.eq(x11)
+                m.d.comb += res.eq(xk)
             with m.Case(_Kind.ZERO):
-                m.d.comb += res.eq(Cat(Const(0, 15), sign11))
+                m.d.comb += res.eq(Cat(Const(0, 15), sign))
             with m.Case(_Kind.ONE):
-                m.d.comb += res.eq(Cat(Const(0x3C00, 15), sign11))
+                m.d.comb += res.eq(Cat(Const(0x3C00, 15), sign))
             with m.Case(_Kind.INF):
-                m.d.comb += res.eq(Cat(Const(0x7C00, 15), sign11))
+                m.d.comb += res.eq(Cat(Const(0x7C00, 15), sign))
             with m.Default():
                 m.d.comb += res.eq(0x7E00)
-        x_inf = (x11[10:15] == 31) & (x11[:10] == 0)
-        x_nan = (x11[10:15] == 31) & (x11[:10] != 0)
-        ovf = w(1, "ovf11", ((kind[k] == _Kind.DP) & dp_ovf)
+        x_inf = (xk[10:15] == 31) & (xk[:10] == 0)
+        x_nan = (xk[10:15] == 31) & (xk[:10] != 0)
+        ovf = w(1, f"ovf{k}", ((kind[k] == _Kind.DP) & dp_ovf)
                 | ((kind[k] == _Kind.INF) & ~x_inf))
-        nanc = w(1, "nanc11", (kind[k] == _Kind.NAN) & ~x_nan)
-        return (r(16, "result", res), r(1, "overflow", ovf), r(1, "nan_created", nanc))
+        nanc = w(1, f"nanc{k}", (kind[k] == _Kind.NAN) & ~x_nan)
+        return res, ovf, nanc
