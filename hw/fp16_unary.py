@@ -133,12 +133,15 @@ class Fp16Unary(wiring.Component):
     """
 
     def __init__(self, *, lanes, ops=None):
+        # A unit whose parameters were refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         self._lanes = check_int("lanes", lanes, 1, LANES_MAX)
         self._ops = parse_ops(ops)
         if not self._ops:
             raise ValueError(f"ops must name at least one unary op, not {ops!r}")
         self._layout = rom_layout(self._ops)
         self._depth = rom_depth(self._ops)
+        self._MustUse__silence = False
         super().__init__({
             "i_stream": In(stream.Signature(input_layout(self._lanes))),
             "o_stream": Out(stream.Signature(output_layout(self._lanes))),
