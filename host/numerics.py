@@ -317,3 +317,11 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         narrow=narrow_overflows(qb.mantissas, qw3, exps, lsb, narrow_width),
         output_saturated=int(over.sum()),
     )
+
+
+# The MFUs' element-wise functions, re-exported so that ``host.numerics`` is the one
+# place for the device's arithmetic (``docs/numerics.md`` section 6).
+from .fp16 import binary  # noqa: E402
+from .unary import unary  # noqa: E402
+
+__all__ += ["binary", "unary"]
