@@ -56,7 +56,7 @@ endef
 .PHONY: help venv iverilog sysdeps sim test bench clean distclean
 
 help:
-	@echo "make venv       create/refresh .venv (pip install -e '.[dev]')"
+	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga]')"
 	@echo "make iverilog   install Icarus Verilog with apt if it is missing"
 	@echo "make sysdeps    iverilog plus the C++ compiler and Perl that Verilator needs"
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
@@ -78,7 +78,7 @@ $(VENV_PY):
 
 $(STAMP): $(ROOT)/pyproject.toml | $(VENV_PY)
 	$(VENV_PY) -m pip install --upgrade pip
-	$(VENV_PY) -m pip install -e "$(ROOT)[dev]"
+	$(VENV_PY) -m pip install -e "$(ROOT)[dev,fpga]"
 	touch $@
 
 # --- System tools (apt) -----------------------------------------------------------------
