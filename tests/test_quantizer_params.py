@@ -6,6 +6,9 @@ from amaranth.back import verilog
 from host.formats import Rounding, block_layout
 from hw.quantizer import LATENCY, VectorQuantizer
 
+# Components built here only to look at them are never elaborated, on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"n": 0, "mantissa_bits": 8}, ValueError, "n must be from 1 to 64, not 0"),
