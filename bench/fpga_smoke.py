@@ -20,9 +20,9 @@ __all__ = ["MacArray", "option_study", "run"]
 
 BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "fpga"
 
-#: Clock target for the benchmarks: above what the designs reach, so that timing-driven
-#: placement and routing keep working on the critical path (see docs/fpga-flow.md).
-TARGET_MHZ = 200.0
+#: Clock target (``--freq``) of the benchmarks. It sets nextpnr's pass/fail line only:
+#: 100 and 200 MHz gave identical results on both study designs (docs/fpga-flow.md).
+TARGET_MHZ = 100.0
 
 
 class MacArray(wiring.Component):
