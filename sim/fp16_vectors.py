@@ -5,7 +5,7 @@ Shared by the model tests (``tests/test_fp16_model.py``) and the cocotb bench
 same stimulus:
 
 * :func:`find_testfloat` / :func:`read_testfloat`: Berkeley TestFloat 3 vectors from the
-  conformance folder (``$NPU_CONFORMANCE_DIR``, else ``<repo>/../shared/conformance``).
+  conformance folder (``$NPU_CONFORMANCE_DIR``, else ``<repo>/tests/data/conformance``).
 * :func:`max_from_compare`: the expected IEEE 754-2019 ``maximum`` derived from TestFloat's
   ``f16_lt`` / ``f16_le`` results.
 * :data:`SPECIALS` and :func:`random_pairs`: directed and random operand pairs.
@@ -35,10 +35,16 @@ FLAG_OVERFLOW = 0x04
 FLAG_INVALID = 0x10
 
 
+#: The TestFloat vectors kept in the repository (a copy of the project's shared
+#: conformance folder; ``tests/data/conformance/README.md`` says where they come from), so
+#: that a fresh clone tests against them wherever it is checked out.
+CONFORMANCE_DIR = REPO_ROOT / "tests" / "data" / "conformance"
+
+
 def conformance_dir() -> Path:
-    """``$NPU_CONFORMANCE_DIR`` or ``<repo>/../shared/conformance``."""
+    """``$NPU_CONFORMANCE_DIR`` if set, else :data:`CONFORMANCE_DIR`."""
     env = os.environ.get("NPU_CONFORMANCE_DIR")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "conformance"
+    return Path(env) if env else CONFORMANCE_DIR
 
 
 def find_testfloat(name: str) -> Path:

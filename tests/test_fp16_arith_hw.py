@@ -9,8 +9,9 @@
 * Amaranth's own simulator on one and three lanes (every pair of special operands).
 * Constructor validation and the payload layouts.
 
-The TestFloat files are looked up in ``$NPU_CONFORMANCE_DIR`` or ``<repo>/../shared/
-conformance`` (``testfloat/`` below it); if they are missing the tests fail.
+The TestFloat files are looked up in ``$NPU_CONFORMANCE_DIR`` or else in
+``<repo>/tests/data/conformance`` (``testfloat/`` below it); if they are missing the tests
+fail.
 """
 
 import numpy as np

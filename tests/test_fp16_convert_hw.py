@@ -8,11 +8,11 @@
 * A quick sweep of extreme geometries with Amaranth's own simulator (every input).
 * Constructor validation.
 
-The TestFloat files are looked up in ``$NPU_CONFORMANCE_DIR`` or ``<repo>/../shared/
-conformance`` (``testfloat/`` below it); if they are missing the tests fail.
+The TestFloat files are looked up in ``$NPU_CONFORMANCE_DIR`` or else in
+``<repo>/tests/data/conformance`` (``testfloat/`` below it); if they are missing the tests
+fail.
 """
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,8 @@ from host.config import MvmConfig
 from host.formats import Rounding
 from host.numerics import fixed_to_fp16
 from hw.fp16_convert import LATENCY, FixedToFp16
-from sim.runner import REPO_ROOT, run_cocotb
+from sim.fp16_vectors import find_testfloat
+from sim.runner import run_cocotb
 
 BENCH = "sim.test_fp16_convert"
 RNE, AWAY = Rounding.NEAREST_EVEN, Rounding.NEAREST_AWAY
@@ -32,13 +33,10 @@ _MODE = {RNE: "nearest-even", AWAY: "nearest-away"}
 
 def conformance_file(name: str) -> Path:
     """Path of a TestFloat vector file; fails the test (never skips) when it is absent."""
-    root = Path(os.environ.get("NPU_CONFORMANCE_DIR") or REPO_ROOT.parent / "shared"
-                / "conformance")
-    for path in (root / "testfloat" / name, root / name):
-        if path.is_file():
-            return path
-    pytest.fail(f"TestFloat vectors {name} not found under {root} "
-                f"(set NPU_CONFORMANCE_DIR to the conformance folder)")
+    try:
+        return find_testfloat(name)
+    except FileNotFoundError as error:
+        pytest.fail(str(error))
 
 
 def run_bench(simulator, *, lanes, width, lsb, rounding, saturate, testcases,

@@ -8,42 +8,29 @@ Expected values come from outside the code under test:
   all FP16 values (nearest value; a tie goes to the even bit pattern, or away from zero).
 
 The conformance vectors are looked up in ``$NPU_CONFORMANCE_DIR`` or else in
-``<repo>/../shared/conformance``; when they are missing the tests fail (never skip).
+``<repo>/tests/data/conformance``; when they are missing the tests fail (never skip).
 """
 
 import bisect
 import gzip
 import math
-import os
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from host import numerics
 from host.formats import Rounding
+from sim.fp16_vectors import find_testfloat
 
-REPO = Path(__file__).resolve().parent.parent
 EVEN, AWAY = "nearest-even", "nearest-away"
 
 
 # --- conformance vectors ---------------------------------------------------------------
 
-def conformance_dir() -> Path:
-    env = os.environ.get("NPU_CONFORMANCE_DIR")
-    path = Path(env) if env else REPO.parent / "shared" / "conformance"
-    if not (path / "testfloat").is_dir():
-        pytest.fail(
-            f"TestFloat conformance vectors not found: {path / 'testfloat'} does not exist. "
-            f"Put the shared/ folder beside the repository ({REPO.parent / 'shared'}) or set "
-            f"NPU_CONFORMANCE_DIR to the folder that holds testfloat/.", pytrace=False)
-    return path
-
-
 def load_testfloat(name: str):
     """Integer operands (two's complement), FP16 results and flags of one vector file."""
-    path = conformance_dir() / "testfloat" / f"{name}.txt.gz"
+    path = find_testfloat(f"{name}.txt.gz")
     if not path.is_file():
         pytest.fail(f"conformance file missing: {path}", pytrace=False)
     width = 64 if name.startswith("i64") else 32
