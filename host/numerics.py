@@ -319,9 +319,10 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     )
 
 
-# The MFUs' element-wise functions, re-exported so that ``host.numerics`` is the one
-# place for the device's arithmetic (``docs/numerics.md`` section 6).
+# The MFUs' element-wise functions and reductions, re-exported so that ``host.numerics``
+# is the one place for the device's arithmetic (``docs/numerics.md`` section 6).
 from .fp16 import binary  # noqa: E402
+from .reduction import reduce  # noqa: E402
 from .unary import unary  # noqa: E402
 
-__all__ += ["binary", "unary"]
+__all__ += ["binary", "reduce", "unary"]
