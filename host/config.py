@@ -13,7 +13,7 @@ from .formats import (
     check_int,
 )
 
-__all__ = ["MvmConfig"]
+__all__ = ["MvmConfig", "NpuConfig"]
 
 
 def _clog2(value: int) -> int:
@@ -160,3 +160,86 @@ class MvmConfig:
                              f"column tiles needs slot {slot}, beyond mrf_depth "
                              f"{self.mrf_depth}")
         return c % self.tiles, slot
+
+
+@dataclass(frozen=True)
+class NpuConfig:
+    """Parameters of one NPU core build: the MVM's (:class:`MvmConfig`) plus the MFUs,
+    the vector memories, the queues and the program memory (``docs/isa.md``).
+
+    Parameters
+    ----------
+    n, tiles, mantissa_bits_v, mantissa_bits_w, mrf_depth, max_col_tiles, counter_bits
+        As :class:`MvmConfig` (validated by it).
+    mfus : int
+        Multifunction units, 2 to 4.
+    ivrf_depth, vrf_depth : int
+        Native vectors in the InitialVrf and in each MFU VRF (AddSubVrf, MulVrf), 1 to
+        2**24.
+    netq_depth : int
+        Native vectors each network queue (input, output) holds, 1 to 2**24.
+    program_depth : int
+        Instruction words of program memory, 2 to 2**20.
+    max_length : int
+        Largest logical vector in native vectors (chain length), 1 to 4096.
+    unary_ops : collection of UnaryOp or names, or None
+        The unary functions built (None: all); stored as a sorted tuple of UnaryOp.
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming the parameter and the value when it is not an integer in range.
+    """
+    n: int = 16
+    tiles: int = 2
+    mantissa_bits_v: int = 4
+    mantissa_bits_w: int = 4
+    mrf_depth: int = 512
+    max_col_tiles: int = 64
+    counter_bits: int = 32
+    mfus: int = 2
+    ivrf_depth: int = 1024
+    vrf_depth: int = 512
+    netq_depth: int = 512
+    program_depth: int = 4096
+    max_length: int = 64
+    unary_ops: tuple = None
+
+    def __post_init__(self):
+        from .unary import parse_ops
+        self.mvm                                 # validates the MVM parameters
+        check_int("mfus", self.mfus, 2, 4)
+        for name in ("ivrf_depth", "vrf_depth", "netq_depth"):
+            check_int(name, getattr(self, name), 1, 1 << 24)
+        check_int("program_depth", self.program_depth, 2, 1 << 20)
+        check_int("max_length", self.max_length, 1, 4096)
+        try:
+            ops = parse_ops(self.unary_ops)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"unary_ops: {e}") from None
+        object.__setattr__(self, "unary_ops", ops)
+
+    @property
+    def mvm(self) -> MvmConfig:
+        """The MVM part of the build."""
+        return MvmConfig(n=self.n, tiles=self.tiles, mantissa_bits_v=self.mantissa_bits_v,
+                         mantissa_bits_w=self.mantissa_bits_w, mrf_depth=self.mrf_depth,
+                         max_col_tiles=self.max_col_tiles, counter_bits=self.counter_bits)
+
+    @property
+    def mfu(self):
+        """The MFU chain's ``host.mfu.MfuConfig``."""
+        from .mfu import MfuConfig
+        return MfuConfig(n=self.n, mfus=self.mfus, vrf_depth=self.vrf_depth,
+                         max_length=self.max_length, unary_ops=self.unary_ops,
+                         counter_bits=self.counter_bits)
+
+    @property
+    def mrf_words(self) -> int:
+        """MRF words in the flat host address space (``host.isa.mrf_address``)."""
+        return self.tiles * self.n * self.mrf_depth
+
+    @property
+    def max_elements(self) -> int:
+        """Largest ROWS value: ``max_length * n``."""
+        return self.max_length * self.n
