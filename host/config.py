@@ -172,18 +172,22 @@ class NpuConfig:
     n, tiles, mantissa_bits_v, mantissa_bits_w, mrf_depth, max_col_tiles, counter_bits
         As :class:`MvmConfig` (validated by it).
     mfus : int
-        Multifunction units, 2 to 4.
-    ivrf_depth, vrf_depth : int
-        Native vectors in the InitialVrf and in each MFU VRF (AddSubVrf, MulVrf), 1 to
-        2**24.
+        Multifunction units, 2 to 4 (``mfus``, ``vrf_depth``, ``max_length`` and
+        ``unary_ops`` are validated by ``host.mfu.MfuConfig``).
+    ivrf_depth : int
+        Native vectors in the InitialVrf, 1 to 2**24.
+    vrf_depth : int
+        Native vectors in each MFU VRF (AddSubVrf, MulVrf), 1 to 4096.
     netq_depth : int
         Native vectors each network queue (input, output) holds, 1 to 2**24.
     program_depth : int
         Instruction words of program memory, 2 to 2**20.
     max_length : int
-        Largest logical vector in native vectors (chain length), 1 to 4096.
+        Largest logical vector in native vectors (chain length), a power of two from 1
+        to 256.
     unary_ops : collection of UnaryOp or names, or None
-        The unary functions built (None: all); stored as a sorted tuple of UnaryOp.
+        The unary functions built (None: all; at least one); stored as a sorted tuple of
+        UnaryOp.
 
     Raises
     ------
@@ -208,16 +212,11 @@ class NpuConfig:
     def __post_init__(self):
         from .unary import parse_ops
         self.mvm                                 # validates the MVM parameters
-        check_int("mfus", self.mfus, 2, 4)
-        for name in ("ivrf_depth", "vrf_depth", "netq_depth"):
+        for name in ("ivrf_depth", "netq_depth"):
             check_int(name, getattr(self, name), 1, 1 << 24)
         check_int("program_depth", self.program_depth, 2, 1 << 20)
-        check_int("max_length", self.max_length, 1, 4096)
-        try:
-            ops = parse_ops(self.unary_ops)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"unary_ops: {e}") from None
-        object.__setattr__(self, "unary_ops", ops)
+        object.__setattr__(self, "unary_ops", parse_ops(self.unary_ops))
+        self.mfu                                 # validates mfus, vrf_depth, max_length
 
     @property
     def mvm(self) -> MvmConfig:
