@@ -110,9 +110,11 @@ class _Clock:
         self.rd_free = 0
         self.load_free = 0
         self.seq_free = 0
-        self.mfu_free = 0
+        self.seq_ends = []       # last sequencer cycle of each product
+        self.mvm_path = 0        # last MFU entry of the MVM's results
+        self.direct_path = 0     # last MFU entry of vectors read directly (no product)
         self.done = 0
-        self.flight = []         # (done, writes) of instances possibly still in flight
+        self.flight = []         # (done, reads, writes) of instances maybe in flight
 
     def instructions(self, count: int):
         """Instructions decoded outside chains (s_wr, end)."""
@@ -126,35 +128,41 @@ class _Clock:
         self.decode += n_instr * self.t.decode_per_instruction
 
     def instance(self, c_in, rows, mvm_cols, reduces, reads, writes):
-        """One chain instance; returns nothing, advances the resources.
+        """One chain instance: advances the resources.
 
         ``c_in`` native vectors read; ``rows`` (R) vectors out; ``mvm_cols`` C of the
-        product or None; ``reads``/``writes``: lists of ``(space, start, stop)``.
+        product or None; ``reads``/``writes``: lists of ``(space, start, stop)`` (a NETQ
+        push counts as a write of NETQ ``0..1``, so pushes stay in order).
         """
         t = self.t
         self.flight = [f for f in self.flight if f[0] > self.rd_free]
         ready = 0
-        for done, wr in self.flight:
-            if _overlaps(wr, reads) or _overlaps(wr, writes):
+        for done, rd, wr in self.flight:
+            if _overlaps(wr, reads) or _overlaps(wr, writes) or _overlaps(rd, writes):
                 ready = max(ready, done)
         start = max(self.decode, self.rd_free, ready)
         self.issued.append(start)
-        self.rd_free = start + c_in
         if mvm_cols is not None:
             groups = -(-mvm_cols // self.cfg.tiles)
-            load = max(start, self.load_free)
+            # The loader takes the command and its C vectors once a buffer half is free:
+            # the half of the product before the previous one has been sequenced.
+            load = max(start, self.load_free, self.seq_ends[-2] if len(self.seq_ends) > 1
+                       else 0)
             self.load_free = load + mvm_cols + 1
+            self.rd_free = load + c_in
             seq = max(load + mvm_cols + self.front, self.seq_free)
             self.seq_free = seq + rows * groups
-            src_end = self.seq_free + self.back
+            self.seq_ends.append(self.seq_free)
+            mfu_end = max(self.seq_free + self.back, self.mvm_path + rows)
+            self.mvm_path = mfu_end
         else:
-            src_end = start + c_in + t.vrf_read_latency
-        mfu_end = max(src_end, self.mfu_free + rows)
-        self.mfu_free = mfu_end
+            self.rd_free = start + c_in
+            mfu_end = max(start + c_in + t.vrf_read_latency, self.direct_path + rows)
+            self.direct_path = mfu_end
         depth = max(1, (self.cfg.n - 1).bit_length() + (self.cfg.max_length - 1).bit_length())
         extra = reduces * (rows + depth * t.reduce_stage_latency)
         done = mfu_end + self.cfg.mfus * t.mfu_latency + extra + t.write_latency
-        self.flight.append((done, writes))
+        self.flight.append((done, reads, writes))
         self.done = max(self.done, done)
 
     def total(self) -> int:
@@ -733,6 +741,7 @@ class NpuModel:
                     self._vector_memory(w.space)[a:a + length] = y
             reads = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, *_ in plan["reads"]]
             writes = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, _ in plan["writes"]]
+            writes += [(Space.NETQ, 0, 1) for w in chain.writes if w.space is Space.NETQ]
             clock.instance(plan["c_in"], length, plan["cols"] if mv is not None else None,
                            reduces, reads, writes)
         return plan["iters"]

@@ -283,8 +283,10 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
         o = sigmoid(mvm(U_o, h) + xw_o)
         h = tanh(c) * o                                pushed to the output queue
 
-    The next step's input products come before the current step's ``h`` chain, so the
-    MVM works on them while ``h`` is computed (the ``xw`` buffers alternate by step).
+    The chains run in the order f, i, o, c (the o product covers the wait of c for f and
+    i), then the next step's input products, then the current step's ``h`` chain, so the
+    MVM works on the input products while ``h`` is computed (the ``xw`` buffers alternate
+    by step).
     ``refs["h"]``, ``refs["c"]`` hold the final state.
     """
     xs = np.atleast_2d(_f16(xs))
@@ -319,10 +321,11 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
             bld.chain(h, rows=h_len, mv_mul=slots[f"U_{g}"], cols=h_len,
                       ops=[("vv", "add", xw[p][g])] + ops, writes=[out])
 
+        # o before c: c needs f and i, so a product stands between them and c's.
         gate("f", [("unary", "sigmoid"), ("vv", "mul", c)], fc)
         gate("i", [("unary", "sigmoid")], i_gate)
-        gate("c", [("unary", "tanh"), ("vv", "mul", i_gate), ("vv", "add", fc)], c)
         gate("o", [("unary", "sigmoid")], o_gate)
+        gate("c", [("unary", "tanh"), ("vv", "mul", i_gate), ("vv", "add", fc)], c)
         if t + 1 < steps:
             inputs(t + 1)
         bld.chain(c, rows=h_len, ops=[("unary", "tanh"), ("vv", "mul", o_gate)],
