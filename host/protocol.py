@@ -51,7 +51,8 @@ __all__ = [
     "crc16", "crc32", "crc16_bytewise", "crc32_bytewise", "CRC16_CHECK", "CRC32_CHECK",
     "encode_frame", "encode_reply", "Frame", "FrameError", "FrameDecoder",
     "pack_access", "unpack_access", "pack_program_chunk", "unpack_program_chunk",
-    "pack_info", "unpack_info",
+    "pack_entries", "unpack_entries", "pack_info", "unpack_info", "CONFIG_FIELDS",
+    "config_entries", "config_from_entries", "space_depth", "word_bytes",
 ]
 
 #: Version of this protocol, reported by INFO; bumped on any incompatible change.
@@ -84,7 +85,7 @@ class Opcode(enum.Enum, shape=8):
     PUSH_INPUT     0x05 whole FP16 vectors (``2*n`` bytes each)      (none)
     RUN            0x06 (none)                                       run result (``host.server``)
     POP_OUTPUT     0x07 :data:`POP_LAYOUT`                           ``count`` FP16 vectors
-    READ_COUNTERS  0x08 (none)                                       uint64 per counter
+    READ_COUNTERS  0x08 (none)                                       entries (name, uint64)
     CLEAR_COUNTERS 0x09 (none)                                       (none)
     RESET          0x0A (none)                                       (none)
     STATUS         0x0B (none)                                       :data:`STATUS_LAYOUT`
@@ -177,7 +178,7 @@ POP_LAYOUT = data.StructLayout({
 #: STATUS reply after the status byte (12 bytes).
 STATUS_LAYOUT = data.StructLayout({
     "error": unsigned(8),          # the sticky ErrorCode, NONE = 0
-    "flags": unsigned(8),          # bit 0: busy; bit 1: a program is loaded
+    "flags": unsigned(8),          # bit 0: busy
     "reserved": unsigned(16),
     "input_level": unsigned(32),   # vectors waiting in the input queue
     "output_level": unsigned(32),  # vectors waiting in the output queue
@@ -195,7 +196,7 @@ _CRC = struct.Struct("<I")
 _ACCESS = struct.Struct("<IHBB")
 _PROGRAM = struct.Struct("<II")
 _INFO = struct.Struct("<HH")
-_ENTRY_VALUE = struct.Struct("<q")
+_ENTRY_VALUE = struct.Struct("<Q")
 
 assert _HEADER.size + _CHECK.size == HEADER_BYTES == HEADER_LAYOUT.size // 8
 assert _ACCESS.size == ACCESS_LAYOUT.size // 8 and _PROGRAM.size == PROGRAM_LAYOUT.size // 8
@@ -448,25 +449,66 @@ def unpack_program_chunk(payload: bytes) -> tuple[int, int, bytes]:
     return offset, total, payload[_PROGRAM.size:]
 
 
-def pack_info(entries: dict[str, int], version: int = PROTOCOL_VERSION) -> bytes:
-    """INFO reply body: :data:`INFO_LAYOUT`, then per entry ``name length (1 byte), name
-    (ASCII), value (int64)``, in the dict's order.
+def pack_entries(entries: dict[str, int]) -> bytes:
+    """Named values, in the dict's order: per entry ``name length (1 byte), name (ASCII),
+    value (uint64)``. The INFO reply and the READ_COUNTERS reply carry such a list, so the
+    host learns the names from the device (the gateware streams them from a ROM).
 
     Raises
     ------
     ValueError
-        naming the entry whose name is not 1..255 ASCII bytes or whose value is not a
-        64-bit signed integer, or when the body would not fit a reply.
+        naming the entry whose name is not 1..255 ASCII bytes or whose value is not an
+        integer from 0 to 2**64 - 1.
     """
-    parts = [_INFO.pack(version, MAX_PAYLOAD)]
+    parts = []
     for name, value in entries.items():
-        key = name.encode("ascii")
+        try:
+            key = name.encode("ascii")
+        except UnicodeEncodeError:
+            key = b""
         if not 1 <= len(key) <= 255:
-            raise ValueError(f"INFO entry name {name!r} must be 1 to 255 ASCII bytes")
-        if not isinstance(value, int) or not -(1 << 63) <= value < (1 << 63):
-            raise ValueError(f"INFO entry {name!r} must be a 64-bit integer, not {value!r}")
+            raise ValueError(f"entry name {name!r} must be 1 to 255 ASCII bytes")
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 0 <= value < (1 << 64):
+            raise ValueError(f"entry {name!r} must be an integer from 0 to 2**64-1, "
+                             f"not {value!r}")
         parts += [bytes((len(key),)), key, _ENTRY_VALUE.pack(value)]
-    body = b"".join(parts)
+    return b"".join(parts)
+
+
+def unpack_entries(body: bytes) -> dict[str, int]:
+    """Inverse of :func:`pack_entries`.
+
+    Raises
+    ------
+    ValueError
+        naming the byte offset of an entry that is cut short, nameless or not ASCII.
+    """
+    out = {}
+    pos = 0
+    while pos < len(body):
+        size = body[pos]
+        end = pos + 1 + size + _ENTRY_VALUE.size
+        if size == 0 or end > len(body):
+            raise ValueError(f"malformed entry at byte {pos} of the entry list")
+        try:
+            name = body[pos + 1:pos + 1 + size].decode("ascii")
+        except UnicodeDecodeError:
+            raise ValueError(f"entry name at byte {pos} is not ASCII") from None
+        out[name] = _ENTRY_VALUE.unpack_from(body, pos + 1 + size)[0]
+        pos = end
+    return out
+
+
+def pack_info(entries: dict[str, int], version: int = PROTOCOL_VERSION) -> bytes:
+    """INFO reply body: :data:`INFO_LAYOUT` then :func:`pack_entries` of ``entries``.
+
+    Raises
+    ------
+    ValueError
+        as :func:`pack_entries`, or when the body would not fit one reply.
+    """
+    body = _INFO.pack(version, MAX_PAYLOAD) + pack_entries(entries)
     if len(body) + 1 > MAX_PAYLOAD:
         raise ValueError(f"INFO body of {len(body)} bytes does not fit a reply")
     return body
@@ -483,14 +525,68 @@ def unpack_info(body: bytes) -> dict[str, int]:
     if len(body) < _INFO.size:
         raise ValueError(f"INFO body of {len(body)} bytes is shorter than {_INFO.size}")
     version, max_payload = _INFO.unpack_from(body)
-    out = {"protocol_version": version, "max_payload": max_payload}
-    pos = _INFO.size
-    while pos < len(body):
-        size = body[pos]
-        end = pos + 1 + size + _ENTRY_VALUE.size
-        if size == 0 or end > len(body):
-            raise ValueError(f"malformed INFO entry at byte {pos}")
-        name = body[pos + 1:pos + 1 + size].decode("ascii")
-        out[name] = _ENTRY_VALUE.unpack_from(body, pos + 1 + size)[0]
-        pos = end
+    entries = unpack_entries(body[_INFO.size:])
+    return {"protocol_version": version, "max_payload": max_payload, **entries}
+
+
+# --- build parameters and memory geometry -------------------------------------------------
+
+#: The ``NpuConfig`` fields INFO reports, in this order; ``unary_ops`` goes as a bit mask
+#: (bit ``op.value`` set for each op built).
+CONFIG_FIELDS = ("n", "tiles", "mantissa_bits_v", "mantissa_bits_w", "mrf_depth",
+                 "max_col_tiles", "counter_bits", "mfus", "ivrf_depth", "vrf_depth",
+                 "netq_depth", "program_depth", "max_length", "unary_ops")
+
+
+def config_entries(config) -> dict[str, int]:
+    """INFO entries of an ``NpuConfig``: :data:`CONFIG_FIELDS`, ``unary_ops`` as a mask."""
+    out = {name: getattr(config, name) for name in CONFIG_FIELDS if name != "unary_ops"}
+    out["unary_ops"] = sum(1 << op.value for op in config.unary_ops)
     return out
+
+
+def config_from_entries(entries: dict[str, int]):
+    """The ``NpuConfig`` an INFO reply describes (other entries are ignored).
+
+    Raises
+    ------
+    ValueError
+        naming the missing fields, or the field the config refuses.
+    """
+    from .config import NpuConfig
+    from .unary import UnaryOp
+    missing = [name for name in CONFIG_FIELDS if name not in entries]
+    if missing:
+        raise ValueError(f"INFO lacks the build parameters {', '.join(missing)}")
+    fields = {name: entries[name] for name in CONFIG_FIELDS}
+    fields["unary_ops"] = tuple(op for op in UnaryOp if fields["unary_ops"] >> op.value & 1)
+    return NpuConfig(**fields)
+
+
+def space_depth(config, space: int) -> int | None:
+    """Words of memory space ``space`` (a byte) reachable by WRITE/READ in build
+    ``config``, or None where there is no such space there (NETQ is reached by
+    PUSH_INPUT/POP_OUTPUT only; VRFs of MFUs not built do not exist)."""
+    from .isa import Space
+    try:
+        space = Space(space)
+    except ValueError:
+        return None
+    if space is Space.IVRF:
+        return config.ivrf_depth
+    if space is Space.MRF:
+        return config.mrf_words
+    if space.mfu is not None and space.mfu < config.mfus:
+        return config.vrf_depth
+    return None
+
+
+def word_bytes(config, space: int) -> int:
+    """Bytes of one word of ``space`` on the wire: ``2*n`` for a vector space (n FP16
+    values, each uint16 LE), ``ceil((8 + n*m_w)/8)`` for an MRF word (its bits LE, as
+    ``host.formats.block_layout``)."""
+    from .formats import block_bytes
+    from .isa import Space
+    if space == Space.MRF.value:
+        return block_bytes(config.n, config.mantissa_bits_w)
+    return 2 * config.n

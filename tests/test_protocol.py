@@ -257,15 +257,18 @@ def test_access_and_program_codecs():
 
 
 def test_info_codec_round_trip_and_errors():
-    entries = {"n": 16, "tiles": 2, "neg": -5, "big": (1 << 63) - 1}
+    entries = {"n": 16, "tiles": 2, "zero": 0, "big": (1 << 64) - 1}
     body = p.pack_info(entries)
     assert body[:4] == struct.pack("<HH", p.PROTOCOL_VERSION, p.MAX_PAYLOAD)
-    assert body[4:6] == b"\x01n" and body[6:14] == struct.pack("<q", 16)
+    assert body[4:6] == b"\x01n" and body[6:14] == struct.pack("<Q", 16)
     assert p.unpack_info(body) == {"protocol_version": p.PROTOCOL_VERSION,
                                    "max_payload": p.MAX_PAYLOAD, **entries}
-    with pytest.raises(ValueError, match="'x' must be a 64-bit integer"):
-        p.pack_info({"x": 1 << 63})
-    with pytest.raises(ValueError, match="malformed INFO entry at byte 4"):
+    assert p.unpack_entries(p.pack_entries(entries)) == entries
+    with pytest.raises(ValueError, match="'x' must be an integer from 0 to 2\\*\\*64-1"):
+        p.pack_entries({"x": -1})
+    with pytest.raises(ValueError, match="name 'é' must be 1 to 255 ASCII bytes"):
+        p.pack_entries({"é": 1})
+    with pytest.raises(ValueError, match="malformed entry at byte 37 "):
         p.unpack_info(body[:-1])
     with pytest.raises(ValueError, match="shorter than 4"):
         p.unpack_info(b"\x01")

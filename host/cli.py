@@ -1,0 +1,181 @@
+"""``npu``: the command-line tool of the host link (``docs/protocol.md`` section 10).
+
+::
+
+    npu [--device DEV] [--json] [--timeout S] info
+    npu [--device DEV] [--json] counters [--clear]
+    npu [--device DEV] [--json] run IMAGE.npz INPUTS.npy -o OUTPUTS.npy [--window W]
+                                    [--no-progress]
+
+``--device`` is ``model`` (the reference model in process, the default),
+``model:KEY=VALUE,...`` (other build parameters) or ``serial:PORT[@BAUD]``; the
+environment variable ``NPU_DEVICE`` sets the default. Results go to stdout (JSON with
+``--json``), messages and the progress bar to stderr. Exit status: 0 done, 1 the device
+or the link failed, 2 usage (bad arguments, unreadable or malformed files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["main", "EXIT_OK", "EXIT_DEVICE", "EXIT_USAGE"]
+
+EXIT_OK, EXIT_DEVICE, EXIT_USAGE = 0, 1, 2
+
+
+class _UsageError(Exception):
+    """Bad arguments or input files: exit status 2."""
+
+
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """The options every command takes, before or after the command's name. The
+    sub-commands' copies default to SUPPRESS, so they only override what was given."""
+    from .transport import DEVICE_CHOICES
+    common = argparse.ArgumentParser(add_help=False)
+    keep = {} if defaults else {"default": argparse.SUPPRESS}
+    common.add_argument("--device", **({"default": os.environ.get("NPU_DEVICE", "model")}
+                                       if defaults else keep),
+                        help=f"one of: {', '.join(DEVICE_CHOICES)} (default: $NPU_DEVICE "
+                             f"or 'model'); 'sim' comes with the core RTL")
+    common.add_argument("--json", action="store_true", **keep,
+                        help="machine-readable output (JSON on stdout)")
+    common.add_argument("--timeout", type=float, **({"default": 10.0} if defaults else keep),
+                        help="seconds to wait for each reply (default 10)")
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npu", description="Talk to a BFP NPU: the reference model or a board.",
+        epilog="exit status: 0 done, 1 device or link error, 2 usage error",
+        parents=[_common(True)])
+    common = _common(False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("info", parents=[common],
+                   help="protocol version and build parameters of the device")
+    counters = sub.add_parser("counters", parents=[common], help="read the event counters")
+    counters.add_argument("--clear", action="store_true", help="clear them after reading")
+    run = sub.add_parser("run", parents=[common],
+                         help="load a network image and stream inputs through it")
+    run.add_argument("image", help="network image (.npz, see docs/protocol.md)")
+    run.add_argument("inputs", help=".npy of shape (jobs, k, n): uint16 FP16 bits, or "
+                                    "float16/float32/float64 (rounded to FP16, nearest-even)")
+    run.add_argument("-o", "--output", required=True,
+                     help=".npy written with shape (jobs, outputs, n), float16")
+    run.add_argument("--window", type=int, default=4, help="jobs in flight (default 4)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def _load_inputs(path: str, n: int) -> np.ndarray:
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise _UsageError(f"cannot read inputs {path}: {exc}") from None
+    if x.ndim != 3 or x.shape[2] != n or 0 in x.shape:
+        raise _UsageError(f"inputs {path} must have shape (jobs, k, {n}), not {x.shape}")
+    if x.dtype == np.uint16:
+        return x
+    if x.dtype in (np.float16, np.float32, np.float64):
+        return x.astype(np.float16).view(np.uint16)     # round to nearest, ties to even
+    raise _UsageError(f"inputs {path} must be uint16 (FP16 bits) or float, not {x.dtype}")
+
+
+def _print(args, data: dict, text: str) -> None:
+    print(json.dumps(data) if args.json else text)
+
+
+def _info(dev, args) -> None:
+    info = dev.info()
+    width = max(map(len, info))
+    _print(args, {"device": dev.transport.name, **info},
+           "\n".join([f"{'device':<{width}}  {dev.transport.name}"]
+                     + [f"{k:<{width}}  {', '.join(v) if isinstance(v, list) else v}"
+                        for k, v in info.items()]))
+
+
+def _counters(dev, args) -> None:
+    counters = dev.counters()
+    if args.clear:
+        dev.clear_counters()
+    width = max(map(len, counters), default=0)
+    _print(args, counters, "\n".join(f"{k:<{width}}  {v}" for k, v in counters.items()))
+
+
+def _run(dev, args) -> None:
+    from .device import NetworkImage
+    try:
+        image = NetworkImage.load(args.image)
+    except (OSError, ValueError) as exc:
+        raise _UsageError(f"cannot load image: {exc}") from None
+    if args.window < 1 or args.window > 64:
+        raise _UsageError(f"--window must be from 1 to 64, not {args.window}")
+    try:
+        image.check_config(dev.config)
+    except ValueError as exc:
+        raise _UsageError(f"image {args.image} does not fit {dev.transport.name}: {exc}") \
+            from None
+    x = _load_inputs(args.inputs, dev.config.n)
+    start = time.monotonic()
+    dev.load_image(image)
+    results = np.empty((len(x), image.outputs, dev.config.n), np.uint16)
+    progress = None if args.no_progress or args.json else True
+    for i, y in enumerate(dev.stream(x, outputs=image.outputs, window=args.window,
+                                     progress=progress)):
+        results[i] = y
+    seconds = time.monotonic() - start
+    try:
+        np.save(args.output, results.view(np.float16))
+    except OSError as exc:
+        raise _UsageError(f"cannot write {args.output}: {exc}") from None
+    summary = {"jobs": len(x), "outputs": args.output, "seconds": round(seconds, 6),
+               "jobs_per_second": len(x) / seconds if seconds else None}
+    _print(args, summary, f"{len(x)} jobs in {seconds:.3f} s; outputs written to "
+                          f"{args.output}")
+
+
+def main(argv=None) -> int:
+    """Run the ``npu`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit
+    status."""
+    from .device import Device, DeviceError
+    from .transport import TransportError, connect
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:                 # --help (0) and usage errors (2)
+        return int(exc.code or 0)
+    if not args.timeout > 0:
+        print(f"npu: error: --timeout must be positive, not {args.timeout}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        transport = connect(args.device)
+    except ValueError as exc:
+        print(f"npu: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TransportError as exc:
+        print(f"npu: error: {exc}", file=sys.stderr)
+        return EXIT_DEVICE
+    try:
+        with Device(transport, timeout=args.timeout) as dev:
+            {"info": _info, "counters": _counters, "run": _run}[args.command](dev, args)
+    except _UsageError as exc:
+        print(f"npu: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (DeviceError, TransportError) as exc:
+        print(f"npu: device error: {exc}", file=sys.stderr)
+        return EXIT_DEVICE
+    except BrokenPipeError:
+        # The reader of stdout went away (``npu info | head``): nothing left to say, and
+        # Python must not complain again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
