@@ -6,7 +6,7 @@ handful of parameters, so that the hardware, the model and the host agree by con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from .formats import (
     FP16_MAX_EXP, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN, MVM_EXP_EXACT_MIN, block_bits,
@@ -163,9 +163,10 @@ class MvmConfig:
 
 
 @dataclass(frozen=True)
-class NpuConfig:
-    """Parameters of one NPU core build: the MVM's (:class:`MvmConfig`) plus the MFUs,
-    the vector memories, the queues and the program memory (``docs/isa.md``).
+class NpuConfig(MvmConfig):
+    """Parameters of one NPU core build: the MVM's (it extends :class:`MvmConfig`, whose
+    derived widths it has) plus the MFUs, the vector memories, the queues and the
+    program memory (``docs/isa.md``).
 
     Parameters
     ----------
@@ -194,13 +195,6 @@ class NpuConfig:
     TypeError, ValueError
         naming the parameter and the value when it is not an integer in range.
     """
-    n: int = 16
-    tiles: int = 2
-    mantissa_bits_v: int = 4
-    mantissa_bits_w: int = 4
-    mrf_depth: int = 512
-    max_col_tiles: int = 64
-    counter_bits: int = 32
     mfus: int = 2
     ivrf_depth: int = 1024
     vrf_depth: int = 512
@@ -211,7 +205,7 @@ class NpuConfig:
 
     def __post_init__(self):
         from .unary import parse_ops
-        self.mvm                                 # validates the MVM parameters
+        super().__post_init__()
         for name in ("ivrf_depth", "netq_depth"):
             check_int(name, getattr(self, name), 1, 1 << 24)
         check_int("program_depth", self.program_depth, 2, 1 << 20)
@@ -220,10 +214,8 @@ class NpuConfig:
 
     @property
     def mvm(self) -> MvmConfig:
-        """The MVM part of the build."""
-        return MvmConfig(n=self.n, tiles=self.tiles, mantissa_bits_v=self.mantissa_bits_v,
-                         mantissa_bits_w=self.mantissa_bits_w, mrf_depth=self.mrf_depth,
-                         max_col_tiles=self.max_col_tiles, counter_bits=self.counter_bits)
+        """The MVM part of the build, as a plain :class:`MvmConfig`."""
+        return MvmConfig(**{f.name: getattr(self, f.name) for f in fields(MvmConfig)})
 
     @property
     def mfu(self):
