@@ -127,7 +127,7 @@ def _run(dev, args) -> None:
     results = np.empty((len(x), image.outputs, dev.config.n), np.uint16)
     progress = None if args.no_progress or args.json else True
     for i, y in enumerate(dev.stream(x, outputs=image.outputs, window=args.window,
-                                     progress=progress)):
+                                     progress=progress, prologue=image.job_memories)):
         results[i] = y
     seconds = time.monotonic() - start
     try:

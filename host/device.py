@@ -162,8 +162,10 @@ class Device:
         Seconds to wait for each reply (default 10).
     retries : int
         Times a request is sent again when the device answers BAD_CRC or TRUNCATED (it
-        was corrupted on the way and not executed), 0 to 10 (default 2). Requests inside
-        :meth:`stream` are never resent.
+        was corrupted on the way and not executed), 0 to 10 (default 2): single requests,
+        and the frames of WRITE and READ transfers. The frames of other transfers
+        (program chunks, queue data) and of :meth:`stream` are never resent, since their
+        order matters.
     window : int
         Frames of one transfer sent ahead of their replies, 1 to 64 (default 8).
 
@@ -314,23 +316,34 @@ class Device:
 
     def _transfer(self, requests) -> list[bytes]:
         """Send ``(opcode, payload, what)`` requests with up to ``window`` in flight;
-        returns the reply bodies in order. On the first refusal the remaining replies are
-        still read, then the refusal is raised."""
-        bodies, failure, inflight = [], None, collections.deque()
-        requests = iter(requests)
+        returns the reply bodies in order. WRITE and READ frames the device received
+        corrupted are sent again (up to ``retries`` times; their order does not matter).
+        On the first refusal the replies still due are read, then the refusal is raised.
+        """
+        requests = list(requests)
+        bodies = [None] * len(requests)
+        queue = collections.deque(range(len(requests)))
+        attempts = collections.Counter()
+        inflight = collections.deque()
+        failure = None
         while True:
-            if failure is None:
-                for req in requests:
-                    inflight.append(self._send(*req))
-                    if len(inflight) >= self.window:
-                        break
+            while failure is None and queue and len(inflight) < self.window:
+                i = queue.popleft()
+                inflight.append((i, self._send(*requests[i])))
             if not inflight:
                 break
-            pending = inflight.popleft()
+            i, pending = inflight.popleft()
             status, body = self._receive(pending)
-            if status is not Status.OK and failure is None:
-                failure = self._refusal(pending, status, body)
-            bodies.append(body)
+            if status is Status.OK:
+                bodies[i] = body
+            elif failure is None:
+                if (status in (Status.BAD_CRC, Status.TRUNCATED)
+                        and pending.opcode in (Opcode.WRITE, Opcode.READ)
+                        and attempts[i] < self.retries):
+                    attempts[i] += 1
+                    queue.appendleft(i)
+                else:
+                    failure = self._refusal(pending, status, body)
         if failure is not None:
             raise failure
         return bodies
@@ -421,6 +434,9 @@ class Device:
         DeviceError
             naming the frame the device refused (earlier frames were written).
         """
+        self._transfer(self._write_requests(space, addr, data))
+
+    def _write_requests(self, space, addr: int, data, job: str = ""):
         space = Space(space)
         size = p.word_bytes(self.config, space.value)
         if space is Space.MRF:
@@ -442,8 +458,8 @@ class Device:
             body = (b"".join(raw[start:start + k]) if space is Space.MRF
                     else raw[start * size:(start + k) * size])
             requests.append((Opcode.WRITE, p.pack_access(space.value, addr + start, k) + body,
-                             f"WRITE {space.name}[{addr + start}:{addr + start + k}]"))
-        self._transfer(requests)
+                             f"{job}WRITE {space.name}[{addr + start}:{addr + start + k}]"))
+        return requests
 
     def read(self, space, addr: int, count: int):
         """``count`` native vectors (uint16 ``(count, n)``) or MRF words (list of int) of
@@ -546,12 +562,12 @@ class Device:
     # --- streaming -----------------------------------------------------------------------
 
     def stream(self, inputs, *, outputs: int, window: int = 4, progress=None,
-               total: int | None = None):
+               total: int | None = None, prologue=()):
         """Run one job per element of ``inputs`` through the loaded program; yield each
         job's outputs (uint16 ``(outputs, n)``), in order.
 
-        A job is PUSH_INPUT of its vectors (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT
-        of ``outputs`` vectors. Up to ``window`` jobs are in flight (sent, results not yet
+        A job is WRITE of the ``prologue`` memories (if any), PUSH_INPUT of its vectors
+        (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT of ``outputs`` vectors. Up to ``window`` jobs are in flight (sent, results not yet
         read); ``inputs`` is consumed lazily, so memory stays bounded for any number of
         jobs. The device executes requests in order, so results come back in order.
 
@@ -568,6 +584,9 @@ class Device:
             Called after each job; True draws a :class:`ProgressBar` on stderr.
         total : int, optional
             Jobs expected, for the progress display (default ``len(inputs)`` if it has one).
+        prologue : sequence of (space, addr, data)
+            Memories written before every job: the state each job starts from (an
+            LSTM's ``h0`` and ``c0``), so that jobs are independent of each other.
 
         Raises
         ------
@@ -592,6 +611,8 @@ class Device:
         sent = done = 0
         bad_input = None                      # raised once the jobs before it are out
         pops = self._pop_requests(outputs)
+        setup = [r for space, addr, data in prologue
+                 for r in self._write_requests(space, addr, data)]
         try:
             while True:
                 while len(jobs) < window and bad_input is None:
@@ -605,6 +626,7 @@ class Device:
                     except ValueError as exc:
                         bad_input = ValueError(f"input of job {sent}: {exc}")
                         break
+                    reqs = [(op, pl, f"{label}{what}") for op, pl, what in setup] + reqs
                     reqs += [(Opcode.RUN, b"", f"{label}RUN")]
                     reqs += [(op, pl, f"{label}{what}") for op, pl, what in pops]
                     jobs.append((sent, [self._send(*r) for r in reqs]))
@@ -658,7 +680,8 @@ class Device:
     # --- images --------------------------------------------------------------------------
 
     def load_image(self, image: "NetworkImage") -> None:
-        """Write an image's memories, then load its program.
+        """Write an image's memories (``job_memories`` too), then load its program; jobs
+        go through :meth:`stream` with ``prologue=image.job_memories``.
 
         Raises
         ------
@@ -668,7 +691,7 @@ class Device:
             when the device refuses a write or the program.
         """
         image.check_config(self.config)
-        for space, addr, data in image.memories:
+        for space, addr, data in image.memories + image.job_memories:
             self.write(space, addr, data)
         self.load_program(image.program)
 
@@ -697,8 +720,11 @@ class NetworkImage:
     program : numpy.ndarray of uint64
         Instruction words.
     memories : list of (Space, int, data)
-        ``(space, addr, data)`` to write before loading the program: uint16 ``(count, n)``
-        for vector spaces, a list of ints (MRF words) for the MRF.
+        ``(space, addr, data)`` written once before the program is loaded: uint16
+        ``(count, n)`` for vector spaces, a list of ints (MRF words) for the MRF.
+    job_memories : list of (Space, int, data)
+        Written again before every job (``Device.stream``'s ``prologue``): the state each
+        job starts from, such as an LSTM's ``h0`` and ``c0``.
     outputs : int
         Output vectors each job produces (one input sequence in, ``outputs`` vectors out).
     config : dict or None
@@ -707,14 +733,45 @@ class NetworkImage:
 
     The ``.npz`` file (:meth:`save`, :meth:`load`) holds ``program`` (uint64), ``mem0``,
     ``mem1``, ... (uint16 ``(count, n)``, or for the MRF uint8 ``(count, k)``: each
-    word's bytes, little-endian) and ``meta``, a JSON string: ``{"format": "bfp-npu-image", "version": 1,
-    "outputs": K, "config": {...} or null, "memories": [{"space": "IVRF", "addr": 0},
-    ...]}`` in the order of the ``mem<i>`` arrays.
+    word's bytes, little-endian) and ``meta``, a JSON string: ``{"format":
+    "bfp-npu-image", "version": 1, "outputs": K, "config": {...} or null, "memories":
+    [{"space": "IVRF", "addr": 0, "every_job": false}, ...]}``, one entry per ``mem<i>``
+    in order: first ``memories``, then ``job_memories``.
     """
     program: np.ndarray
     memories: list = field(default_factory=list)
+    job_memories: list = field(default_factory=list)
     outputs: int = 1
     config: dict | None = None
+
+    @classmethod
+    def from_program(cls, program, *, per_job_vectors: bool = True) -> "NetworkImage":
+        """The image of a ``host.programs.Program``.
+
+        Its matrices become MRF words, quantized by the reference model's weight
+        quantizer (the one the on-chip quantizer equals), covering just the tile slots
+        they occupy. Its vectors (biases, initial state) go to ``job_memories`` with
+        ``per_job_vectors`` (every job starts from the same state), else to
+        ``memories``. ``outputs`` is the program's. Its ``inputs`` are not part of the
+        image: they are the jobs.
+        """
+        import dataclasses
+        from .model import NpuModel
+        cfg = program.config
+        scratch = NpuModel(cfg)
+        memories = []
+        for slot, matrix in program.matrices:
+            rows, cols = scratch.write_weights(slot, matrix)
+            per_slot = cfg.tiles * cfg.n
+            start, count = slot * per_slot, cfg.mvm.slots_needed(rows, cols) * per_slot
+            memories.append((Space.MRF, start, scratch.read(Space.MRF, start, count)))
+        vectors = [(Space(s), int(a), np.asarray(d, np.uint16)) for s, a, d in program.vectors]
+        config = dataclasses.asdict(cfg)
+        config["unary_ops"] = [op.name.lower() for op in cfg.unary_ops]
+        return cls(program=program.words, memories=memories + ([] if per_job_vectors
+                                                                else vectors),
+                   job_memories=vectors if per_job_vectors else [],
+                   outputs=program.outputs, config=config)
 
     def check_config(self, config) -> None:
         """Raise ValueError naming the first build parameter that differs from
@@ -732,17 +789,17 @@ class NetworkImage:
     def save(self, path) -> None:
         """Write the ``.npz`` file described in the class docstring."""
         arrays, entries = {}, []
-        for i, (space, addr, data) in enumerate(self.memories):
+        tagged = [(m, False) for m in self.memories] + [(m, True) for m in self.job_memories]
+        for i, ((space, addr, data), every_job) in enumerate(tagged):
             space = Space(space)
             if space is Space.MRF:
-                words = list(data)
-                width = max(1, max(int(w).bit_length() for w in words) + 7 >> 3) \
-                    if words else 1
+                words = [int(w) for w in data]
+                width = max(1, max(w.bit_length() for w in words) + 7 >> 3) if words else 1
                 arrays[f"mem{i}"] = np.array(
-                    [list(int(w).to_bytes(width, "little")) for w in words], np.uint8)
+                    [list(w.to_bytes(width, "little")) for w in words], np.uint8)
             else:
                 arrays[f"mem{i}"] = np.asarray(data, dtype=np.uint16)
-            entries.append({"space": space.name, "addr": int(addr)})
+            entries.append({"space": space.name, "addr": int(addr), "every_job": every_job})
         meta = {"format": IMAGE_FORMAT, "version": IMAGE_VERSION, "outputs": int(self.outputs),
                 "config": self.config, "memories": entries}
         np.savez(path, program=np.asarray(self.program, dtype=np.uint64),
@@ -766,28 +823,29 @@ class NetworkImage:
                 meta = json.loads(str(f["meta"][()]))
             except ValueError as exc:
                 raise ValueError(f"{path}: 'meta' is not JSON: {exc}") from None
-            if meta.get("format") != IMAGE_FORMAT or meta.get("version") != IMAGE_VERSION:
-                raise ValueError(f"{path}: format {meta.get('format')!r} version "
-                                 f"{meta.get('version')!r}, expected {IMAGE_FORMAT!r} "
-                                 f"version {IMAGE_VERSION}")
+            if not isinstance(meta, dict) or meta.get("format") != IMAGE_FORMAT \
+                    or meta.get("version") != IMAGE_VERSION:
+                raise ValueError(f"{path}: not a {IMAGE_FORMAT!r} version {IMAGE_VERSION} "
+                                 f"image")
             program = f["program"]
             if program.dtype != np.uint64 or program.ndim != 1:
                 raise ValueError(f"{path}: 'program' must be 1-D uint64, not "
                                  f"{program.dtype} {program.shape}")
-            memories = []
+            once, every = [], []
             for i, entry in enumerate(meta.get("memories", [])):
                 try:
                     space = Space[entry["space"]]
                     addr = int(entry["addr"])
                     data = f[f"mem{i}"]
+                    every_job = bool(entry.get("every_job", False))
                 except (KeyError, TypeError, ValueError) as exc:
                     raise ValueError(f"{path}: memory entry {i} is malformed: {exc!r}") from None
                 if space is Space.MRF:
                     data = [int.from_bytes(row.tobytes(), "little") for row in data]
-                memories.append((space, addr, data))
+                (every if every_job else once).append((space, addr, data))
             outputs = meta.get("outputs", 1)
-            if not isinstance(outputs, int) or outputs < 1:
+            if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1:
                 raise ValueError(f"{path}: 'outputs' must be a positive integer, not "
                                  f"{outputs!r}")
-            return cls(program=program, memories=memories, outputs=outputs,
+            return cls(program=program, memories=once, job_memories=every, outputs=outputs,
                        config=meta.get("config"))
