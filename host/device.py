@@ -816,7 +816,10 @@ class NetworkImage:
         OSError
             when the file cannot be read.
         """
-        with np.load(path, allow_pickle=False) as f:
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path}: not a network image (an .npz file)")
+        with f:
             if "meta" not in f or "program" not in f:
                 raise ValueError(f"{path}: not a network image (needs 'program' and 'meta')")
             try:

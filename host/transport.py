@@ -167,33 +167,38 @@ class SerialTransport(Transport):
             raise TransportError(f"cannot open serial port {port!r}: {exc}") from exc
         self._serial_error = serial.SerialException
 
-    def _io(self, what, fn, *args):
+    def _io(self, what, op):
+        """``op(port)`` with the open pyserial port; errors become TransportError."""
         if self._serial is None:
             raise TransportError(f"{self.name} is closed")
         try:
-            return fn(*args)
+            return op(self._serial)
         except (self._serial_error, OSError) as exc:
             raise TransportError(f"{self.name}: {what} failed: {exc}") from exc
 
     def _drain_input(self):
-        waiting = self._io("read", lambda: self._serial.in_waiting)
+        waiting = self._io("read", lambda port: port.in_waiting)
         if waiting:
-            self._rx += self._io("read", self._serial.read, waiting)
+            self._rx += self._io("read", lambda port: port.read(waiting))
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
         for i in range(0, len(view), self._SLICE):
-            self._io("write", self._serial.write, view[i:i + self._SLICE])
+            self._io("write", lambda port: port.write(view[i:i + self._SLICE]))
             self._drain_input()
-        self._io("flush", self._serial.flush)
+        self._io("flush", lambda port: port.flush())
 
     def recv(self, n: int, timeout: float) -> bytes:
         if not self._rx:
             self._drain_input()
         if not self._rx:
-            self._serial.timeout = timeout
-            first = self._io("read", self._serial.read, 1)
-            self._serial.timeout = 0
+            def wait_for_one(port):
+                port.timeout = timeout
+                try:
+                    return port.read(1)
+                finally:
+                    port.timeout = 0
+            first = self._io("read", wait_for_one)
             if not first:
                 return b""
             self._rx += first

@@ -8,6 +8,7 @@ hand-assembled frames in ``test_protocol.py``); reply payloads are unpacked here
 """
 
 import dataclasses
+import enum
 import hashlib
 import random
 import struct
@@ -51,6 +52,9 @@ def state_digest(obj) -> str:
                 walk(v)
         elif isinstance(x, (bytes, bytearray)):
             h.update(b"b" + bytes(x))
+        elif isinstance(x, enum.Enum) or (dataclasses.is_dataclass(x)
+                                          and x.__dataclass_params__.frozen):
+            h.update(repr(x).encode())               # immutable: its repr says it all
         elif hasattr(x, "__dict__") and not isinstance(x, type):
             h.update(type(x).__name__.encode())
             walk(vars(x))
