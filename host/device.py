@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import json
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,11 +41,6 @@ STATUS_TEXT = {
     Status.QUEUE_FULL: "the input queue has no room for them",
     Status.BUSY: "the device is busy running a program",
 }
-
-_POP = struct.Struct("<H")
-_STATUS = struct.Struct("<BBHII")
-_FP16 = np.dtype("<u2")
-_WORD = np.dtype("<u8")
 
 
 class DeviceError(Exception):
@@ -373,13 +367,12 @@ class Device:
 
     def status(self) -> dict:
         """``{"error": ErrorCode, "busy": bool, "input_level": int, "output_level": int}``."""
-        error, flags, _, inp, out = _STATUS.unpack(self._request(Opcode.STATUS))
+        status = p.unpack_status(self._request(Opcode.STATUS))
         try:
-            error = ErrorCode(error)
+            status["error"] = ErrorCode(status["error"])
         except ValueError:
-            pass
-        return {"error": error, "busy": bool(flags & 1), "input_level": inp,
-                "output_level": out}
+            pass                              # an unknown code stays an int
+        return status
 
     @property
     def error(self) -> ErrorCode:
@@ -444,19 +437,18 @@ class Device:
             if not words:
                 raise ValueError("data must hold at least one MRF word")
             try:
-                raw = [int(w).to_bytes(size, "little") for w in words]
+                raw = p.words_to_bytes(words, size)
             except (OverflowError, TypeError, ValueError) as exc:
                 raise ValueError(f"MRF words must be integers of {size} bytes: {exc}") from None
-            count = len(raw)
+            count = len(words)
         else:
             arr = self._vectors("data", data)
-            raw = arr.astype(_FP16).tobytes()
+            raw = p.vectors_to_bytes(arr)
             count = len(arr)
         per = min((p.MAX_PAYLOAD - 8) // size, 0xFFFF)
         requests = []
         for start, k in self._chunks(count, per):
-            body = (b"".join(raw[start:start + k]) if space is Space.MRF
-                    else raw[start * size:(start + k) * size])
+            body = raw[start * size:(start + k) * size]
             requests.append((Opcode.WRITE, p.pack_access(space.value, addr + start, k) + body,
                              f"{job}WRITE {space.name}[{addr + start}:{addr + start + k}]"))
         return requests
@@ -479,8 +471,8 @@ class Device:
         bodies = self._transfer(requests)
         raw = b"".join(bodies)
         if space is Space.MRF:
-            return [int.from_bytes(raw[i:i + size], "little") for i in range(0, len(raw), size)]
-        return np.frombuffer(raw, _FP16).astype(np.uint16).reshape(-1, self.config.n)
+            return p.bytes_to_words(raw, size)
+        return p.bytes_to_vectors(raw, self.config.n)
 
     def load_program(self, words) -> None:
         """Load a program (uint64 words); it replaces the one in force once all of it has
@@ -497,7 +489,7 @@ class Device:
         if arr.ndim != 1 or not len(arr) or arr.dtype.kind not in "ui":
             raise ValueError(f"words must be a non-empty 1-D array of 64-bit words, not "
                              f"{arr.dtype} {arr.shape}")
-        raw = arr.astype(_WORD).tobytes()
+        raw = p.program_to_bytes(arr)
         per = (p.MAX_PAYLOAD - 8) // 8
         total = len(arr)
         self._transfer([(Opcode.LOAD_PROGRAM,
@@ -508,23 +500,22 @@ class Device:
     # --- queues and runs -----------------------------------------------------------------
 
     def _push_requests(self, vectors, job: str = ""):
-        arr = self._vectors("vectors", vectors)
-        raw = arr.astype(_FP16).tobytes()
+        raw = p.vectors_to_bytes(self._vectors("vectors", vectors))
         width = 2 * self.config.n
         per = p.MAX_PAYLOAD // width
         return [(Opcode.PUSH_INPUT, raw[s * width:(s + k) * width],
-                 f"{job}PUSH_INPUT of {k} vectors") for s, k in self._chunks(len(arr), per)]
+                 f"{job}PUSH_INPUT of {k} vectors")
+                for s, k in self._chunks(len(raw) // width, per)]
 
     def _pop_requests(self, count: int, job: str = ""):
         from .formats import check_int
         count = check_int("count", count, 1)
         per = (p.MAX_PAYLOAD - 1) // (2 * self.config.n)
-        return [(Opcode.POP_OUTPUT, _POP.pack(k), f"{job}POP_OUTPUT of {k} vectors")
+        return [(Opcode.POP_OUTPUT, p.pack_pop(k), f"{job}POP_OUTPUT of {k} vectors")
                 for _, k in self._chunks(count, per)]
 
     def _vectors_of(self, bodies) -> np.ndarray:
-        return np.frombuffer(b"".join(bodies), _FP16).astype(np.uint16).reshape(
-            -1, self.config.n)
+        return p.bytes_to_vectors(b"".join(bodies), self.config.n)
 
     def push_input(self, vectors) -> None:
         """Append native vectors (uint16 or float16 ``(k, n)``) to the input queue.

@@ -41,6 +41,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
@@ -51,6 +52,9 @@ __all__ = [
     "crc16", "crc32", "crc16_bytewise", "crc32_bytewise", "CRC16_CHECK", "CRC32_CHECK",
     "encode_frame", "encode_reply", "Frame", "FrameError", "FrameDecoder",
     "pack_access", "unpack_access", "pack_program_chunk", "unpack_program_chunk",
+    "vectors_to_bytes", "bytes_to_vectors", "words_to_bytes", "bytes_to_words",
+    "program_to_bytes", "bytes_to_program", "pack_pop", "unpack_pop", "pack_status",
+    "unpack_status",
     "pack_entries", "unpack_entries", "pack_info", "unpack_info", "CONFIG_FIELDS",
     "config_entries", "config_from_entries", "space_depth", "word_bytes",
 ]
@@ -196,11 +200,16 @@ _CRC = struct.Struct("<I")
 _ACCESS = struct.Struct("<IHBB")
 _PROGRAM = struct.Struct("<II")
 _INFO = struct.Struct("<HH")
+_POP = struct.Struct("<H")
+_STATUS = struct.Struct("<BBHII")
+_FP16 = np.dtype("<u2")
+_WORD = np.dtype("<u8")
 _ENTRY_VALUE = struct.Struct("<Q")
 
 assert _HEADER.size + _CHECK.size == HEADER_BYTES == HEADER_LAYOUT.size // 8
 assert _ACCESS.size == ACCESS_LAYOUT.size // 8 and _PROGRAM.size == PROGRAM_LAYOUT.size // 8
-assert _INFO.size == INFO_LAYOUT.size // 8
+assert _INFO.size == INFO_LAYOUT.size // 8 and _POP.size == POP_LAYOUT.size // 8
+assert _STATUS.size == STATUS_LAYOUT.size // 8
 
 
 # --- CRCs ---------------------------------------------------------------------------------
@@ -436,6 +445,65 @@ def unpack_access(payload: bytes) -> tuple[int, int, int]:
     """``(space, addr, count)`` of a WRITE/READ payload of at least 8 bytes."""
     addr, count, space, _ = _ACCESS.unpack_from(payload)
     return space, addr, count
+
+
+def vectors_to_bytes(vectors) -> bytes:
+    """Native vectors (uint16 FP16 bits, ``(count, n)``) as their wire bytes."""
+    return np.asarray(vectors, dtype=np.uint16).astype(_FP16).tobytes()
+
+
+def bytes_to_vectors(raw, n: int) -> np.ndarray:
+    """Wire bytes of whole native vectors as uint16 ``(count, n)``."""
+    return np.frombuffer(raw, _FP16).astype(np.uint16).reshape(-1, n)
+
+
+def words_to_bytes(words, size: int) -> bytes:
+    """MRF words (ints) as their wire bytes, ``size`` bytes each, little-endian.
+
+    Raises
+    ------
+    OverflowError, TypeError
+        for a word that is not a non-negative integer of ``size`` bytes.
+    """
+    return b"".join(int(w).to_bytes(size, "little") for w in words)
+
+
+def bytes_to_words(raw, size: int) -> list[int]:
+    """Wire bytes of MRF words, ``size`` bytes each, as a list of ints."""
+    return [int.from_bytes(raw[i:i + size], "little") for i in range(0, len(raw), size)]
+
+
+def program_to_bytes(words) -> bytes:
+    """Program words (uint64) as their wire bytes."""
+    return np.asarray(words).astype(_WORD).tobytes()
+
+
+def bytes_to_program(raw) -> np.ndarray:
+    """Wire bytes of program words as uint64."""
+    return np.frombuffer(raw, _WORD).astype(np.uint64)
+
+
+def pack_pop(count: int) -> bytes:
+    """POP_OUTPUT request payload (:data:`POP_LAYOUT`)."""
+    return _POP.pack(count)
+
+
+def unpack_pop(payload: bytes) -> int:
+    """The count of a 2-byte POP_OUTPUT payload."""
+    return _POP.unpack(payload)[0]
+
+
+def pack_status(error: int, busy: bool, input_level: int, output_level: int) -> bytes:
+    """STATUS reply body (:data:`STATUS_LAYOUT`)."""
+    return _STATUS.pack(error, 1 if busy else 0, 0, input_level, output_level)
+
+
+def unpack_status(body: bytes) -> dict:
+    """``{"error": int, "busy": bool, "input_level": int, "output_level": int}`` of a
+    STATUS reply body."""
+    error, flags, _, input_level, output_level = _STATUS.unpack(body)
+    return {"error": error, "busy": bool(flags & 1), "input_level": input_level,
+            "output_level": output_level}
 
 
 def pack_program_chunk(offset: int, total: int, words: bytes) -> bytes:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import select
-import struct
 import threading
 import time
 from collections import Counter
@@ -37,10 +36,6 @@ HALTING_OPCODES = frozenset({Opcode.PUSH_INPUT, Opcode.RUN, Opcode.POP_OUTPUT})
 #: Requests a busy device still answers.
 BUSY_EXEMPT_OPCODES = frozenset({Opcode.INFO, Opcode.STATUS, Opcode.READ_COUNTERS})
 
-_POP = struct.Struct("<H")
-_STATUS = struct.Struct("<BBHII")
-_WORD = np.dtype("<u8")
-_FP16 = np.dtype("<u2")
 
 
 class _Reject(Exception):
@@ -181,10 +176,9 @@ class ProtocolServer:
         space, addr, count, size = self._access(payload, with_data=True)
         raw = payload[8:]
         if space == _mrf():
-            data = [int.from_bytes(raw[i:i + size], "little")
-                    for i in range(0, len(raw), size)]
+            data = p.bytes_to_words(raw, size)
         else:
-            data = np.frombuffer(raw, _FP16).astype(np.uint16).reshape(count, self.config.n)
+            data = p.bytes_to_vectors(raw, self.config.n)
         self._call(self.backend.write, _space(space), addr, data)
         return b""
 
@@ -192,8 +186,8 @@ class ProtocolServer:
         space, addr, count, size = self._access(payload, with_data=False)
         got = self._call(self.backend.read, _space(space), addr, count)
         if space == _mrf():
-            return b"".join(int(w).to_bytes(size, "little") for w in got)
-        return np.asarray(got, dtype=_FP16).tobytes()
+            return p.words_to_bytes(got, size)
+        return p.vectors_to_bytes(got)
 
     def _load_program(self, payload):
         if len(payload) < p.PROGRAM_LAYOUT.size // 8 or len(payload) % 8:
@@ -211,8 +205,8 @@ class ProtocolServer:
                 self._staged_total = total
             self._staged += words
             return b""
-        program = np.frombuffer(bytes(self._staged[:offset * 8]) + words, _WORD)
-        self._call(self.backend.load_program, program.astype(np.uint64))
+        program = p.bytes_to_program(bytes(self._staged[:offset * 8]) + words)
+        self._call(self.backend.load_program, program)
         self._staged = bytearray()          # only once loaded: a refused chunk changes nothing
         return b""
 
@@ -224,8 +218,7 @@ class ProtocolServer:
         count = len(payload) // width
         if self.backend.input_level + count > self.config.netq_depth:
             raise _Reject(Status.QUEUE_FULL)
-        vectors = np.frombuffer(payload, _FP16).astype(np.uint16).reshape(count, -1)
-        self._call(self.backend.push_input, vectors)
+        self._call(self.backend.push_input, p.bytes_to_vectors(payload, self.config.n))
         return b""
 
     def _run(self, payload):
@@ -239,15 +232,15 @@ class ProtocolServer:
         return entries
 
     def _pop_output(self, payload):
-        if len(payload) != _POP.size:
+        if len(payload) != p.POP_LAYOUT.size // 8:
             raise _Reject(Status.BAD_LENGTH)
         self._not_halted()
-        (count,) = _POP.unpack(payload)
+        count = p.unpack_pop(payload)
         if count == 0 or 1 + count * 2 * self.config.n > p.MAX_PAYLOAD:
             raise _Reject(Status.BAD_COUNT)
         if self.backend.output_level < count:
             raise _Reject(Status.QUEUE_EMPTY)
-        return np.asarray(self._call(self.backend.pop_output, count), dtype=_FP16).tobytes()
+        return p.vectors_to_bytes(self._call(self.backend.pop_output, count))
 
     def _read_counters(self, payload):
         self._empty(payload)
@@ -266,9 +259,8 @@ class ProtocolServer:
 
     def _status(self, payload):
         self._empty(payload)
-        busy = 1 if getattr(self.backend, "busy", False) else 0
-        return _STATUS.pack(self.backend.error.value, busy, 0, self.backend.input_level,
-                            self.backend.output_level)
+        return p.pack_status(self.backend.error.value, getattr(self.backend, "busy", False),
+                             self.backend.input_level, self.backend.output_level)
 
     def _clear_error(self, payload):
         self._empty(payload)

@@ -272,3 +272,22 @@ def test_info_codec_round_trip_and_errors():
         p.unpack_info(body[:-1])
     with pytest.raises(ValueError, match="shorter than 4"):
         p.unpack_info(b"\x01")
+
+
+def test_data_codecs():
+    import numpy as np
+    v = np.array([[0x0001, 0xFFFF, 0x7C00, 0x8000]], np.uint16)
+    assert p.vectors_to_bytes(v) == bytes([1, 0, 0xFF, 0xFF, 0, 0x7C, 0, 0x80])
+    assert (p.bytes_to_vectors(p.vectors_to_bytes(v), 4) == v).all()
+    assert p.words_to_bytes([0x123456, 1], 3) == bytes([0x56, 0x34, 0x12, 1, 0, 0])
+    assert p.bytes_to_words(bytes([0x56, 0x34, 0x12, 1, 0, 0]), 3) == [0x123456, 1]
+    with pytest.raises(OverflowError):
+        p.words_to_bytes([1 << 24], 3)
+    words = np.array([1, (1 << 64) - 1], np.uint64)
+    assert p.program_to_bytes(words) == bytes([1] + [0] * 7 + [0xFF] * 8)
+    assert (p.bytes_to_program(p.program_to_bytes(words)) == words).all()
+    assert p.pack_pop(513) == b"\x01\x02" and p.unpack_pop(b"\x01\x02") == 513
+    body = p.pack_status(7, True, 5, 70000)
+    assert body == struct.pack("<BBHII", 7, 1, 0, 5, 70000)
+    assert p.unpack_status(body) == {"error": 7, "busy": True, "input_level": 5,
+                                     "output_level": 70000}
