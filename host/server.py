@@ -23,6 +23,8 @@ from collections import Counter
 import numpy as np
 
 from . import protocol as p
+from .isa import Space
+from .model import NpuError
 from .protocol import Frame, FrameError, Opcode, Status
 
 __all__ = ["ProtocolServer", "PtyServer", "HALTING_OPCODES", "BUSY_EXEMPT_OPCODES",
@@ -57,8 +59,8 @@ class ProtocolServer:
         Needs ``config`` (``NpuConfig``), ``info()``, ``write``, ``read``,
         ``load_program``, ``push_input``, ``pop_output``, ``input_level``,
         ``output_level``, ``run()``, ``counters()``, ``clear_counters()``, ``error``,
-        ``clear_error()`` and ``reset()``; errors it reports as ``host.model.NpuError``
-        (any exception with an ``ErrorCode`` ``code`` attribute). An optional ``busy``
+        ``clear_error()`` and ``reset()``; it refuses requests by raising
+        ``host.model.NpuError`` (other exceptions are bugs and propagate). An optional ``busy``
         attribute, true while a program runs asynchronously, makes requests other than
         :data:`BUSY_EXEMPT_OPCODES` answer BUSY.
 
@@ -70,11 +72,9 @@ class ProtocolServer:
     """
 
     def __init__(self, backend):
-        from .model import NpuError
         self.backend = backend
         self.config = backend.config
         self.stats = Counter()
-        self._device_error = NpuError
         self._decoder = p.FrameDecoder()
         self._staged = bytearray()       # LOAD_PROGRAM words received so far
         self._staged_total = 0
@@ -138,7 +138,7 @@ class ProtocolServer:
         """Run a backend operation; an ``NpuError`` becomes a DEVICE_ERROR reply."""
         try:
             return fn(*args)
-        except self._device_error as exc:
+        except NpuError as exc:
             raise _Reject(Status.DEVICE_ERROR, exc.code.value) from None
 
     def _empty(self, payload):
@@ -175,17 +175,17 @@ class ProtocolServer:
     def _write(self, payload):
         space, addr, count, size = self._access(payload, with_data=True)
         raw = payload[8:]
-        if space == _mrf():
+        if space == Space.MRF.value:
             data = p.bytes_to_words(raw, size)
         else:
             data = p.bytes_to_vectors(raw, self.config.n)
-        self._call(self.backend.write, _space(space), addr, data)
+        self._call(self.backend.write, Space(space), addr, data)
         return b""
 
     def _read(self, payload):
         space, addr, count, size = self._access(payload, with_data=False)
-        got = self._call(self.backend.read, _space(space), addr, count)
-        if space == _mrf():
+        got = self._call(self.backend.read, Space(space), addr, count)
+        if space == Space.MRF.value:
             return p.words_to_bytes(got, size)
         return p.vectors_to_bytes(got)
 
@@ -266,16 +266,6 @@ class ProtocolServer:
         self._empty(payload)
         self.backend.clear_error()
         return b""
-
-
-def _mrf() -> int:
-    from .isa import Space
-    return Space.MRF.value
-
-
-def _space(value: int):
-    from .isa import Space
-    return Space(value)
 
 
 def info_entries(backend) -> dict[str, int]:
