@@ -558,9 +558,10 @@ class Device:
         job's outputs (uint16 ``(outputs, n)``), in order.
 
         A job is WRITE of the ``prologue`` memories (if any), PUSH_INPUT of its vectors
-        (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT of ``outputs`` vectors. Up to ``window`` jobs are in flight (sent, results not yet
-        read); ``inputs`` is consumed lazily, so memory stays bounded for any number of
-        jobs. The device executes requests in order, so results come back in order.
+        (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT of ``outputs`` vectors. Up to
+        ``window`` jobs are in flight (sent, results not yet read); ``inputs`` is
+        consumed lazily, so memory stays bounded for any number of jobs. The device
+        executes requests in order, so results come back in order.
 
         Parameters
         ----------
