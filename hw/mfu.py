@@ -1,0 +1,531 @@
+"""The multifunction units (MFUs) and the MFU pipeline: units, crossbars, VRFs, counters.
+
+The bit-exact reference is :func:`host.mfu.run_chain`; the chain configuration, the
+allocation rule and the VRF write payload are defined once in :mod:`host.mfu`. Design
+notes, timing and measurements: ``docs/mfu.md``.
+"""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from host.formats import FP16_BITS
+from host.fp16 import BinaryOp
+from host.mfu import (
+    UNITS, MfuConfig, MfuUnit, VrfBank, chain_layout, mfu_layout, vrf_write_layout,
+)
+from host.reduction import ReduceOp
+from host.unary import UnaryOp
+from hw.fp16_arith import Fp16Binary
+from hw.fp16_reduce import Fp16Reduce
+from hw.fp16_unary import Fp16Unary
+
+__all__ = ["Mfu", "MfuPipeline", "OPERAND_BUFFER", "vector_layout", "output_layout",
+           "mfu_vrf_write_layout"]
+
+#: Operands a VRF reader keeps read ahead (in flight plus buffered): a read issued in
+#: cycle t is in the buffer from t + 2, so three keep one operand per cycle flowing.
+OPERAND_BUFFER = 3
+
+#: Crossbar sources, in this order: the MFU's input, then the units' outputs by code.
+_SOURCES = 1 + UNITS
+_IN = 0
+
+
+def vector_layout(cfg: MfuConfig) -> data.ArrayLayout:
+    """A native vector: ``n`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``."""
+    return data.ArrayLayout(unsigned(FP16_BITS), cfg.n)
+
+
+def output_layout(cfg: MfuConfig) -> data.StructLayout:
+    """``MfuPipeline.o_stream`` payload: ``values`` (a native vector), then ``last`` (1 on
+    the chain's last vector) at bit ``16 * n``."""
+    return data.StructLayout({"values": vector_layout(cfg), "last": unsigned(1)})
+
+
+def mfu_vrf_write_layout(cfg: MfuConfig) -> data.StructLayout:
+    """``Mfu.vrf_w`` payload: :func:`host.mfu.vrf_write_layout` without ``mfu``."""
+    fields = dict(vrf_write_layout(cfg).members)
+    del fields["mfu"]
+    return data.StructLayout(fields)
+
+
+def _check_cfg(cfg):
+    if not isinstance(cfg, MfuConfig):
+        raise TypeError(f"cfg must be an MfuConfig, not {cfg!r}")
+    return cfg
+
+
+def _skid(m, name, shape, i_valid, i_payload, o_ready):
+    """A two-register stream buffer with a registered ``ready`` and registered outputs.
+
+    Takes one item per cycle while ``o_ready`` is high; ``i_ready`` is a flip-flop, so no
+    combinational path runs from ``o_ready`` back to the source. Returns
+    ``(i_ready, o_valid, o_payload)``.
+    """
+    main_valid = Signal(name=f"{name}_valid")
+    main = Signal(shape, name=f"{name}_main", reset_less=True)
+    spare_valid = Signal(name=f"{name}_spare_valid")
+    spare = Signal(shape, name=f"{name}_spare", reset_less=True)
+    i_ready = Signal(name=f"{name}_ready")
+    m.d.comb += i_ready.eq(~spare_valid)
+    with m.If(o_ready | ~main_valid):
+        with m.If(spare_valid):
+            m.d.sync += [main.eq(spare), main_valid.eq(1), spare_valid.eq(0)]
+        with m.Else():
+            m.d.sync += [main.eq(i_payload), main_valid.eq(i_valid)]
+    with m.Elif(i_valid & ~spare_valid):
+        m.d.sync += [spare.eq(i_payload), spare_valid.eq(1)]
+    return i_ready, main_valid, main
+
+
+def _popcount(bits):
+    """Sum of 1-bit values in a balanced tree (Amaranth widens each sum)."""
+    level = list(bits)
+    while len(level) > 1:
+        level = [a + b for a, b in zip(level[0::2], level[1::2])] + level[len(level) & ~1:]
+    return level[0]
+
+
+class Mfu(wiring.Component):
+    """One multifunction unit: four units joined by a crossbar, two VRFs, two counters.
+
+    **Units** (:class:`host.mfu.MfuUnit`): ADDSUB (:class:`hw.fp16_arith.Fp16Binary`,
+    operand ``b`` from AddSubVrf), MUL (``Fp16Binary`` computing ``BinaryOp.MUL``, ``b``
+    from MulVrf), ACT (:class:`hw.fp16_unary.Fp16Unary` with ``cfg.unary_ops``), REDUCE
+    (:class:`hw.fp16_reduce.Fp16Reduce`). ``a`` is always the chain's value.
+
+    **Crossbar.** Each unit's input is a multiplexer over the MFU input and the other
+    units' outputs; the MFU output one over the MFU input and every unit output. The
+    selects are one-hot registers decoded from the chain's order slots when ``start`` is
+    high: the unit of used slot ``k`` takes the output of slot ``k - 1`` (slot 0 the MFU
+    input), the output takes the last used slot (the input if none). ``valid``, ``ready``
+    and the payload all go through the same selects; an unused unit sees ``valid = 0``.
+    Every unit input has a two-register buffer with a registered ``ready``: no
+    combinational path runs through two units (which also keeps the crossbar free of
+    combinational loops), and each unit's first stage starts from registers.
+
+    **VRFs.** AddSubVrf and MulVrf are ``lib.memory.Memory`` of ``vrf_depth`` native
+    vectors with one write port (``vrf_w``) and one synchronous read port. On ``start``
+    each reader of a used unit is loaded with its base address and reads ``addr``,
+    ``addr + 1``, ... ``addr + L - 1`` ahead into a :data:`OPERAND_BUFFER`-entry register
+    buffer; the unit's input joins the buffer's head (a register) with the vector, so
+    native vector ``j`` meets operand ``addr + j``. The read address and enable are
+    registers or depend on registers only; the memory output goes straight into the
+    buffer. The read port is not transparent: a write to an address the running chain
+    still has to read gives that chain the old or the new vector (``docs/mfu.md``).
+
+    **Counters.** ``overflow`` and ``nan_created`` add up the events of every unit
+    (the per-lane flags of ADDSUB, MUL, ACT on each output transfer, and the REDUCE
+    tree's event counts) two cycles after the unit reports them, saturating at
+    ``2**counter_bits - 1``; ``clear`` sets both to 0 (events still pending are added
+    afterwards). ``pending`` is high while events are on their way.
+
+    Parameters
+    ----------
+    cfg : host.mfu.MfuConfig
+
+    Attributes
+    ----------
+    i_stream : ``In(stream.Signature(vector_layout(cfg)))``
+    o_stream : ``Out(stream.Signature(vector_layout(cfg)))``
+    start : ``In(1)``
+        Load ``config``, ``length`` and ``lanes_last`` for the next chain. Only legal
+        while the MFU holds no vector of a chain.
+    config : ``In(host.mfu.mfu_layout(cfg))``
+    length : ``In(cfg.length_bits)``, ``lanes_last`` : ``In(cfg.lanes_bits)``
+    vrf_w : ``In(stream.Signature(mfu_vrf_write_layout(cfg)))``
+        One write per transfer; ``ready`` is always 1.
+    overflow, nan_created : ``Out(cfg.counter_bits)``
+    clear : ``In(1)``
+    pending : ``Out(1)``
+
+    Raises
+    ------
+    TypeError
+        ``cfg`` is not an :class:`host.mfu.MfuConfig`.
+    """
+
+    def __init__(self, cfg):
+        self._cfg = _check_cfg(cfg)
+        super().__init__({
+            "i_stream": In(stream.Signature(vector_layout(cfg))),
+            "o_stream": Out(stream.Signature(vector_layout(cfg))),
+            "start": In(1),
+            "config": In(mfu_layout(cfg)),
+            "length": In(cfg.length_bits),
+            "lanes_last": In(cfg.lanes_bits),
+            "vrf_w": In(stream.Signature(mfu_vrf_write_layout(cfg))),
+            "overflow": Out(cfg.counter_bits),
+            "nan_created": Out(cfg.counter_bits),
+            "clear": In(1),
+            "pending": Out(1),
+        })
+
+    @property
+    def cfg(self):
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        vec = vector_layout(cfg)
+
+        # --- chain configuration: decoded into one-hot crossbar selects at start --------
+        # used_k: slot k and every slot before it are used (the used slots are a prefix).
+        cfg_in = self.config
+        used, prefix = [], 1
+        for k in range(UNITS):
+            prefix = prefix & cfg_in.order[k].used
+            used.append(prefix)
+        slot_is = [[used[k] & (cfg_in.order[k].unit == u) for u in MfuUnit]
+                   for k in range(UNITS)]
+        # src_sel[u][s]: unit u takes source s; out_sel[s]: the MFU output takes s.
+        src_sel = [Signal(_SOURCES, name=f"sel_{u.name.lower()}") for u in MfuUnit]
+        out_sel = Signal(_SOURCES, name="sel_out")
+        use_now = [_any(slot_is[k][u.value] for k in range(UNITS)) for u in MfuUnit]
+        addsub_op = Signal(BinaryOp, name="addsub_op")
+        act_op = Signal(UnaryOp, name="act_op")
+        reduce_op = Signal(ReduceOp, name="reduce_op")
+        length = Signal(cfg.length_bits, name="length")
+        lanes_last = Signal(cfg.lanes_bits, name="lanes_last")
+        with m.If(self.start):
+            for u in MfuUnit:
+                bits = [slot_is[0][u.value]]
+                bits += [_any(slot_is[k][u.value] & slot_is[k - 1][s - 1]
+                              for k in range(1, UNITS)) for s in range(1, _SOURCES)]
+                m.d.sync += src_sel[u.value].eq(Cat(*bits))
+            last_slot = [used[k] & (~used[k + 1] if k + 1 < UNITS else 1)
+                         for k in range(UNITS)]
+            out_bits = [~used[0]] + [_any(last_slot[k] & slot_is[k][s - 1]
+                                          for k in range(UNITS))
+                                     for s in range(1, _SOURCES)]
+            m.d.sync += [
+                out_sel.eq(Cat(*out_bits)),
+                addsub_op.eq(cfg_in.addsub_op),
+                act_op.eq(cfg_in.act_op),
+                reduce_op.eq(cfg_in.reduce_op),
+                length.eq(self.length),
+                lanes_last.eq(self.lanes_last),
+            ]
+
+        # --- units ---------------------------------------------------------------------------
+        units = {
+            MfuUnit.ADDSUB: Fp16Binary(lanes=cfg.n),
+            MfuUnit.MUL: Fp16Binary(lanes=cfg.n),
+            MfuUnit.ACT: Fp16Unary(lanes=cfg.n, ops=cfg.unary_ops),
+            MfuUnit.REDUCE: Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length),
+        }
+        for u, unit in units.items():
+            m.submodules[u.name.lower()] = unit
+
+        # Crossbar sources: (valid, values, ready) of the MFU input and each unit output.
+        def out_values(u):
+            p = units[u].o_stream.payload
+            return p.values if u is MfuUnit.REDUCE else p.result
+        src_valid = [self.i_stream.valid] + [units[u].o_stream.valid for u in MfuUnit]
+        src_values = [self.i_stream.payload] + [out_values(u) for u in MfuUnit]
+        src_ready = [self.i_stream.ready] + [units[u].o_stream.ready for u in MfuUnit]
+        consumer_ready = [[] for _ in range(_SOURCES)]
+
+        def crossbar(name, sel, sources, ready):
+            """The selected source's valid and values (AND-OR over the one-hot select);
+            ``ready`` goes back to the selected source."""
+            valid = Signal(name=f"{name}_valid")
+            values = Signal(vec, name=f"{name}_values")
+            m.d.comb += [
+                valid.eq(_any(sel[s] & src_valid[s] for s in sources)),
+                values.eq(_any(Mux(sel[s], src_values[s].as_value(), 0) for s in sources)),
+            ]
+            for s in sources:
+                consumer_ready[s].append(sel[s] & ready)
+            return valid, values
+
+        # MFU output.
+        o_valid, o_values = crossbar("out", out_sel, range(_SOURCES), self.o_stream.ready)
+        m.d.comb += [self.o_stream.valid.eq(o_valid), self.o_stream.payload.eq(o_values)]
+
+        # Unit inputs: crossbar, input buffer, then (ADDSUB, MUL) the VRF operand join.
+        for u, unit in units.items():
+            name = u.name.lower()
+            # A unit never takes its own output.
+            i_ready = Signal(name=f"{name}_buf_i_ready")
+            x_valid, x_values = crossbar(f"{name}_in", src_sel[u.value],
+                                         [s for s in range(_SOURCES) if s != 1 + u.value],
+                                         i_ready)
+            buf_ready = Signal(name=f"{name}_buf_o_ready")
+            buf_i_ready, b_valid, b_values = _skid(m, f"{name}_buf", vec, x_valid, x_values,
+                                                   buf_ready)
+            m.d.comb += i_ready.eq(buf_i_ready)
+            inp = unit.i_stream
+            if u in (MfuUnit.ADDSUB, MfuUnit.MUL):
+                head_valid, head = self._vrf_reader(m, name, VrfBank(u.value),
+                                                    use_now[u.value], inp.valid & inp.ready)
+                m.d.comb += [
+                    inp.valid.eq(b_valid & head_valid),
+                    buf_ready.eq(inp.ready & head_valid),
+                    inp.payload.a.eq(b_values),
+                    inp.payload.b.eq(head),
+                    inp.payload.op.eq(addsub_op if u is MfuUnit.ADDSUB else BinaryOp.MUL),
+                ]
+            else:
+                m.d.comb += [inp.valid.eq(b_valid), buf_ready.eq(inp.ready)]
+                if u is MfuUnit.ACT:
+                    m.d.comb += [inp.payload.x.eq(b_values), inp.payload.op.eq(act_op)]
+                else:
+                    # The reduction needs `last` on the chain's last vector: count them.
+                    count = Signal(cfg.length_bits, name="reduce_in_count")
+                    last = Signal(name="reduce_in_last")
+                    m.d.comb += [
+                        last.eq(count == length - 1),
+                        inp.payload.values.eq(b_values),
+                        inp.payload.op.eq(reduce_op),
+                        inp.payload.last.eq(last),
+                        # lanes_last modulo n (0 means all): the field's low bits.
+                        inp.payload.lanes_valid.eq(lanes_last),
+                    ]
+                    with m.If(inp.valid & inp.ready):
+                        m.d.sync += count.eq(Mux(last, 0, count + 1))
+                    with m.If(self.start):
+                        m.d.sync += count.eq(0)
+
+        for s in range(_SOURCES):
+            if s == _IN or consumer_ready[s]:
+                m.d.comb += src_ready[s].eq(_any(consumer_ready[s]))
+
+        self._counters(m, units)
+        return m
+
+    def _vrf_reader(self, m, name, bank, use_now, pop):
+        """The VRF ``bank``, its write port, and the read-ahead reader of one chain.
+
+        Returns ``(head_valid, head)``: the operand of the unit's next vector.
+        ``use_now`` (valid with ``start``) says whether the chain uses the unit; ``pop`` is
+        high when the unit takes the head.
+        """
+        cfg = self._cfg
+        vec = vector_layout(cfg)
+        mem = Memory(shape=vec, depth=cfg.vrf_depth, init=[])
+        m.submodules[f"{name}_vrf"] = mem
+        wp = mem.write_port()
+        rp = mem.read_port(domain="sync", transparent_for=())
+        w = self.vrf_w
+        m.d.comb += [
+            w.ready.eq(1),
+            wp.addr.eq(w.payload.addr),
+            wp.data.eq(w.payload.values),
+            wp.en.eq(w.valid & (w.payload.bank == bank)),
+        ]
+
+        # Reads left to issue, next address, a read in flight, buffered operands.
+        todo = Signal(cfg.length_bits, name=f"{name}_todo")
+        addr = Signal(cfg.addr_bits, name=f"{name}_rd_addr")
+        in_flight = Signal(name=f"{name}_in_flight")
+        count = Signal(range(OPERAND_BUFFER + 1), name=f"{name}_buffered")
+        entries = [Signal(vec, name=f"{name}_operand{k}", reset_less=True)
+                   for k in range(OPERAND_BUFFER)]
+        issue = Signal(name=f"{name}_issue")
+        m.d.comb += [
+            issue.eq((todo != 0) & (count + in_flight < OPERAND_BUFFER)),
+            rp.addr.eq(addr),
+            rp.en.eq(issue),
+        ]
+        base = (self.config.addsub_addr if bank is VrfBank.ADDSUB else self.config.mul_addr)
+        with m.If(self.start):
+            m.d.sync += [todo.eq(Mux(use_now, self.length, 0)), addr.eq(base)]
+        with m.Elif(issue):
+            m.d.sync += [todo.eq(todo - 1), addr.eq(addr + 1)]
+        m.d.sync += in_flight.eq(issue)
+
+        # The buffer: entry 0 is the head; a pop shifts, a push lands behind the rest.
+        push = in_flight
+        popped = Signal(name=f"{name}_pop")
+        m.d.comb += popped.eq(pop)
+        after_pop = count - popped
+        for k, entry in enumerate(entries):
+            nxt = entries[k + 1] if k + 1 < OPERAND_BUFFER else entry
+            with m.If(push & (after_pop == k)):
+                m.d.sync += entry.eq(rp.data)
+            with m.Elif(popped):
+                m.d.sync += entry.eq(nxt)
+        m.d.sync += count.eq(after_pop + push)
+        return count != 0, entries[0]
+
+    def _counters(self, m, units):
+        """Per-unit event counts (registered), their sum (registered), the counters."""
+        cfg = self._cfg
+        stages, pending = {"overflow": [], "nan_created": []}, []
+        for u in (MfuUnit.ADDSUB, MfuUnit.MUL, MfuUnit.ACT):
+            o = units[u].o_stream
+            taken = o.valid & o.ready
+            for kind in stages:
+                flags = getattr(o.payload, kind)
+                count = Signal(range(cfg.n + 1), name=f"{u.name.lower()}_{kind}_events")
+                m.d.sync += count.eq(Mux(taken, _popcount(flags[i] for i in range(cfg.n)), 0))
+                stages[kind].append(count)
+                pending.append(count != 0)
+        red = units[MfuUnit.REDUCE]
+        stages["overflow"].append(red.overflow_events)
+        stages["nan_created"].append(red.nan_events)
+        pending += [red.overflow_events != 0, red.nan_events != 0]
+        top = cfg.counter_max
+        for kind, counts in stages.items():
+            total = Signal(range(3 * cfg.n + 2 ** len(red.overflow_events)),
+                           name=f"{kind}_events")
+            m.d.sync += total.eq(sum(counts))
+            pending.append(total != 0)
+            counter = getattr(self, kind)
+            new = counter + total
+            with m.If(self.clear):
+                m.d.sync += counter.eq(0)
+            with m.Else():
+                m.d.sync += counter.eq(Mux(new[cfg.counter_bits:].any(), top,
+                                           new[:cfg.counter_bits]))
+        m.d.comb += self.pending.eq(_any(pending))
+
+
+def _any(values):
+    """OR of Amaranth values (0 for none)."""
+    result = 0
+    for v in values:
+        result = result | v
+    return result
+
+
+class MfuPipeline(wiring.Component):
+    """``cfg.mfus`` MFUs in series (MFU ``m``'s output feeds MFU ``m + 1``'s input).
+
+    A chain is configured through ``chain`` (a :func:`host.mfu.chain_layout` word,
+    :func:`host.mfu.encode_chain`), then exactly ``L = length`` native vectors enter
+    through ``i_stream`` and ``L`` results leave through ``o_stream``, ``last`` on the
+    final one. Results are those of :func:`host.mfu.run_chain`, bit for bit; the counters
+    those of :class:`host.mfu.MfuCounters`.
+
+    **Drain.** ``chain`` is taken only when the previous chain has fully left ``o_stream``
+    (``chain.ready`` is a register, high while no chain is active): chains do not overlap,
+    so the units, the crossbar selects and the VRF readers change only when empty. The
+    cost is the fill latency of every chain (``docs/mfu.md``); a later version may overlap
+    chains. ``i_stream.ready`` is low outside a chain and after its ``L``-th vector.
+
+    ``vrf_w`` writes one native vector into the AddSubVrf (``bank`` 0) or MulVrf (1) of
+    MFU ``mfu``; it is always ready. The VRF readers of a chain start reading at ``chain``
+    acceptance: write a chain's operands before its configuration.
+
+    The output has a two-register buffer, so ``o_stream.valid`` and its payload are
+    registers and ``o_stream.ready`` reaches no unit combinationally.
+
+    Parameters
+    ----------
+    cfg : host.mfu.MfuConfig
+
+    Attributes
+    ----------
+    chain : ``In(stream.Signature(host.mfu.chain_layout(cfg)))``
+    i_stream : ``In(stream.Signature(vector_layout(cfg)))``
+    o_stream : ``Out(stream.Signature(output_layout(cfg)))``
+    vrf_w : ``In(stream.Signature(host.mfu.vrf_write_layout(cfg)))``
+    overflow, nan_created : ``Out(ArrayLayout(unsigned(cfg.counter_bits), cfg.mfus))``
+        The counters of each MFU.
+    clear : ``In(1)``
+        Sets every counter to 0 (clear while ``busy`` is low for a defined result).
+    busy : ``Out(1)``
+        High from the acceptance of a chain until its last vector has left ``o_stream``
+        and all its events are in the counters.
+
+    Raises
+    ------
+    TypeError
+        ``cfg`` is not an :class:`host.mfu.MfuConfig`.
+    """
+
+    def __init__(self, cfg):
+        self._cfg = _check_cfg(cfg)
+        counters = data.ArrayLayout(unsigned(cfg.counter_bits), cfg.mfus)
+        super().__init__({
+            "chain": In(stream.Signature(chain_layout(cfg))),
+            "i_stream": In(stream.Signature(vector_layout(cfg))),
+            "o_stream": Out(stream.Signature(output_layout(cfg))),
+            "vrf_w": In(stream.Signature(vrf_write_layout(cfg))),
+            "overflow": Out(counters),
+            "nan_created": Out(counters),
+            "clear": In(1),
+            "busy": Out(1),
+        })
+
+    @property
+    def cfg(self):
+        return self._cfg
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self._cfg
+        mfus = [Mfu(cfg) for _ in range(cfg.mfus)]
+        for k, mfu in enumerate(mfus):
+            m.submodules[f"mfu{k}"] = mfu
+
+        # --- chain acceptance ------------------------------------------------------------
+        active = Signal()
+        length = Signal(cfg.length_bits)
+        in_count = Signal(cfg.length_bits)
+        out_count = Signal(cfg.length_bits)
+        start = Signal()
+        chain = self.chain.payload
+        m.d.comb += [self.chain.ready.eq(~active), start.eq(self.chain.valid & ~active)]
+        for k, mfu in enumerate(mfus):
+            m.d.comb += [
+                mfu.start.eq(start),
+                mfu.config.eq(chain.mfu[k]),
+                mfu.length.eq(chain.length),
+                mfu.lanes_last.eq(chain.lanes_last),
+                mfu.clear.eq(self.clear),
+                self.overflow[k].eq(mfu.overflow),
+                self.nan_created[k].eq(mfu.nan_created),
+            ]
+        with m.If(start):
+            m.d.sync += [active.eq(1), length.eq(chain.length), in_count.eq(0),
+                         out_count.eq(0)]
+
+        # --- input: exactly `length` vectors per chain ------------------------------------
+        first = mfus[0].i_stream
+        open_ = active & (in_count != length)
+        m.d.comb += [
+            first.valid.eq(self.i_stream.valid & open_),
+            first.payload.eq(self.i_stream.payload),
+            self.i_stream.ready.eq(first.ready & open_),
+        ]
+        with m.If(first.valid & first.ready):
+            m.d.sync += in_count.eq(in_count + 1)
+        for prev, nxt in zip(mfus, mfus[1:]):
+            wiring.connect(m, prev.o_stream, nxt.i_stream)
+
+        # --- output buffer, `last`, end of chain -------------------------------------------
+        last_mfu = mfus[-1].o_stream
+        buf_ready, o_valid, o_values = _skid(m, "out_buf", vector_layout(cfg),
+                                             last_mfu.valid, last_mfu.payload,
+                                             self.o_stream.ready)
+        final = out_count == length - 1
+        m.d.comb += [
+            last_mfu.ready.eq(buf_ready),
+            self.o_stream.valid.eq(o_valid),
+            self.o_stream.payload.values.eq(o_values),
+            self.o_stream.payload.last.eq(final),
+        ]
+        with m.If(self.o_stream.valid & self.o_stream.ready):
+            m.d.sync += out_count.eq(out_count + 1)
+            with m.If(final):
+                m.d.sync += active.eq(0)
+
+        # --- VRF writes --------------------------------------------------------------------
+        w = self.vrf_w
+        m.d.comb += w.ready.eq(1)
+        for k, mfu in enumerate(mfus):
+            m.d.comb += [
+                mfu.vrf_w.valid.eq(w.valid & (w.payload.mfu == k)),
+                mfu.vrf_w.payload.bank.eq(w.payload.bank),
+                mfu.vrf_w.payload.addr.eq(w.payload.addr),
+                mfu.vrf_w.payload.values.eq(w.payload.values),
+            ]
+
+        m.d.comb += self.busy.eq(active | _any(mfu.pending for mfu in mfus))
+        return m

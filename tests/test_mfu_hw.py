@@ -1,0 +1,56 @@
+"""The MFU pipeline under an HDL simulator: random chains, counters, softmax and timing,
+bit-exact against :mod:`host.mfu`, with and without stalls (``sim/test_mfu.py``).
+
+Two builds, both with two MFUs and chains of up to 8 native vectors:
+
+* ``n = 16``, every unary op, 32-bit counters (the native vector size of the device);
+* ``n = 4``, a subset of unary ops (an unbuilt op gives NaN), a VRF depth that is not a
+  power of two and 4-bit counters, so that counters saturate.
+
+Icarus runs fewer random chains than Verilator (``CHAINS``): it is much slower on a
+design of this size.
+"""
+
+import pytest
+from amaranth.hdl import Fragment
+
+from host.mfu import MfuConfig
+from host.unary import UnaryOp
+from hw.mfu import Mfu, MfuPipeline
+from sim.runner import run_cocotb
+
+BUILDS = {
+    "n16": dict(n=16, mfus=2, vrf_depth=16, max_length=8, counter_bits=32),
+    "n4": dict(n=4, mfus=2, vrf_depth=12, max_length=8, counter_bits=4,
+               unary_ops=(UnaryOp.EXP, UnaryOp.RECIP, UnaryOp.RELU, UnaryOp.TANH)),
+}
+#: Random chains per test (test_softmax runs a sixth as many softmax vectors).
+CHAINS = {"verilator": 60, "icarus": 24}
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_mfu_pipeline(simulator, build):
+    params = BUILDS[build]
+    cfg = MfuConfig(**params)
+    env = {f"MFU_{k.upper()}": str(v) for k, v in params.items() if k != "unary_ops"}
+    if "unary_ops" in params:
+        env["MFU_OPS"] = ",".join(op.name.lower() for op in params["unary_ops"])
+    env["MFU_CHAINS"] = str(CHAINS[simulator])
+    run_cocotb(name=f"mfu_pipeline_{build}", component=MfuPipeline(cfg),
+               test_module="sim.test_mfu", simulator=simulator, extra_env=env)
+
+
+def test_constructor_errors():
+    with pytest.raises(TypeError, match="cfg must be an MfuConfig, not 16"):
+        MfuPipeline(16)
+    with pytest.raises(TypeError, match="cfg must be an MfuConfig, not None"):
+        Mfu(None)
+
+
+def test_elaborates_other_builds():
+    """Builds the benches do not simulate still elaborate: four MFUs, one VRF entry,
+    chains of one vector, wide vectors."""
+    for cfg in (MfuConfig(n=4, mfus=4, vrf_depth=1, max_length=1, counter_bits=1),
+                MfuConfig(n=8, mfus=3, vrf_depth=4096, max_length=256,
+                          unary_ops=(UnaryOp.PASS,))):
+        Fragment.get(MfuPipeline(cfg), None)
