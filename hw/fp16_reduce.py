@@ -6,7 +6,7 @@ operation codes are :class:`host.reduction.ReduceOp`; every tree node is a
 :class:`hw.fp16_arith.Fp16Binary` lane computing ``ADD`` or ``MAX``.
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, exact_log2
@@ -107,11 +107,12 @@ class Fp16Reduce(wiring.Component):
 
     **Datapath.**
 
-    * Input: lanes ``>= lanes_valid`` of a ``last`` vector become the identity (``-0``
-      for ``SUM``, ``-inf`` for ``MAX``); the op becomes ``BinaryOp.ADD`` or ``MAX``.
-    * Lane tree: ``log2(lanes)`` levels of :class:`Fp16Binary` (``lanes / 2``,
-      ``lanes / 4``, ... 1 lanes; ``lanes - 1`` nodes), level 1 combining lanes
-      ``(0, 1), (2, 3), ...``: one native vector in per cycle, its sum or maximum out.
+    * Input register: lanes ``>= lanes_valid`` of a ``last`` vector become the identity
+      (``-0`` for ``SUM``, ``-inf`` for ``MAX``).
+    * Lane tree: ``log2(lanes)`` levels of :class:`Fp16Binary` computing ``ADD`` or
+      ``MAX`` (``lanes / 2``, ``lanes / 4``, ... 1 lanes; ``lanes - 1`` nodes), level 1
+      combining lanes ``(0, 1), (2, 3), ...``: one native vector in per cycle, its sum
+      or maximum out.
     * Vector tree, time-shared: ``log2(max_length)`` one-lane levels, one per level of
       the tree over the per-vector results. A level holds the first (left) operand of a
       pair until the second arrives; an item flagged ``last`` with no partner is paired
@@ -123,23 +124,27 @@ class Fp16Reduce(wiring.Component):
     * A two-entry result FIFO, then the broadcast register, which repeats the result
       ``L`` times.
 
-    **Cycle behaviour.** Every level is a pipeline of :data:`hw.fp16_arith.LATENCY`
-    registers with a global stall (advancing when its output is empty or taken), joined
-    by streams, so a stalled level stops the ones before it and bubbles collapse. One
-    native vector is accepted per cycle while nothing downstream is stalled, also while
-    earlier results are being broadcast: input and output overlap, and the output sends
-    one vector per cycle, so a steady stream of logical vectors runs at one native
+    **Cycle behaviour.** The input register and every level (a pipeline of
+    :data:`hw.fp16_arith.LATENCY` registers) advance when their output is empty or being
+    taken, so a stalled level stops the ones before it and bubbles collapse. Every level
+    but the last is followed by a two-register buffer whose ready towards the level is a
+    register; the last feeds the result FIFO, whose ``w_rdy`` is a register too. So the
+    ready logic never spans more than one level, and ``i_stream.ready`` depends
+    combinationally on the first level only, never on ``o_stream.ready``.
+    ``o_stream.valid`` and its payload depend on state only. One native vector is
+    accepted per cycle while nothing downstream is stalled, also while earlier results
+    are being broadcast: input and output overlap, and the output sends one vector per
+    cycle, so a steady stream of logical vectors of one length runs at one native
     vector per cycle in and out. Without stalls the first output vector is valid
     :attr:`latency` cycles after the input's ``last`` vector was taken.
-    ``i_stream.ready`` depends combinationally on the readiness of the tree levels,
-    never on ``o_stream.ready``; ``o_stream.valid`` and its payload depend on state only.
 
-    **Events.** ``overflow_events`` and ``nan_events`` are registers: the number of tree
-    nodes whose output was passed on in the previous cycle with the ``overflow``
-    (respectively ``nan_created``) flag of :class:`Fp16Binary`. Every node passes its
-    output on exactly once, so summed over time they count every event of
-    :func:`host.reduction.reduce_bits` once; a logical vector's events are all reported
-    at least one cycle before its first output vector is valid.
+    **Events.** ``overflow_events`` and ``nan_events`` count the tree nodes that passed
+    an output with the ``overflow`` (respectively ``nan_created``) flag of
+    :class:`Fp16Binary` on, two cycles earlier (a register of the flags, then one of
+    their sum). Every node passes each output on exactly once, so summed over time they
+    count every event of :func:`host.reduction.reduce_bits` once; the events of a
+    logical vector are all reported no later than the cycle in which its first output
+    vector is valid.
 
     A logical vector of more than ``max_length`` native vectors is outside the contract:
     the stream rules still hold and the unit does not stop, but the value and the number
@@ -164,7 +169,8 @@ class Fp16Reduce(wiring.Component):
         Width of the event outputs: ``bits_for(lanes - 1 + vector_levels)``, enough for
         every node reporting in the same cycle.
     latency : int
-        ``6 * (lane_levels + vector_levels) + 2``: cycles from taking the ``last``
+        ``7 * (lane_levels + vector_levels) + 2`` (6 per level, 1 per buffer, the input
+        register, the FIFO and the broadcast register): cycles from taking the ``last``
         input vector to the first output vector being valid, without stalls.
 
     Raises
@@ -219,7 +225,7 @@ class Fp16Reduce(wiring.Component):
     def latency(self):
         """Cycles from the ``last`` input vector's transfer to the first output vector,
         without stalls."""
-        return NODE_LATENCY * (self._lane_levels + self._vector_levels) + 2
+        return (NODE_LATENCY + 1) * (self._lane_levels + self._vector_levels) + 2
 
     def elaborate(self, platform):
         m = Module()
@@ -254,20 +260,61 @@ class Fp16Reduce(wiring.Component):
                 side = reg
             return node, side
 
-        # --- input: identity in the lanes past the last valid one -------------------------
+        last_level = self._lane_levels + self._vector_levels
+
+        def buffer(name, level_number, valid, ready, values, side):
+            """After every level but the last (which feeds the result FIFO): two
+            registers whose upstream ready is a register, so that the ready path does
+            not run through the whole tree. Drives ``ready``; returns the stream out."""
+            if level_number == last_level:
+                return valid, ready, values, side
+            layout = data.StructLayout({
+                "values": data.ArrayLayout(unsigned(FP16_BITS), len(values)),
+                "side": side_layout,
+            })
+            incoming = Signal(layout, name=f"{name}_in")
+            m.d.comb += incoming.side.eq(side)
+            for i, v in enumerate(values):
+                m.d.comb += incoming.values[i].eq(v)
+            out_valid = Signal(name=f"{name}_valid")
+            out_ready = Signal(name=f"{name}_ready")
+            out = Signal(layout, name=f"{name}_out", reset_less=True)
+            skid_valid = Signal(name=f"{name}_skid_valid")
+            skid = Signal(layout, name=f"{name}_skid", reset_less=True)
+            m.d.comb += ready.eq(~skid_valid)
+            with m.If(~out_valid | out_ready):
+                with m.If(skid_valid):
+                    m.d.sync += [out.eq(skid), out_valid.eq(1), skid_valid.eq(0)]
+                with m.Else():
+                    m.d.sync += [out.eq(incoming), out_valid.eq(valid)]
+            with m.Elif(valid & ~skid_valid):
+                # The output register is full and stays so: park the item.
+                m.d.sync += [skid.eq(incoming), skid_valid.eq(1)]
+            return (out_valid, out_ready, [out.values[i] for i in range(len(values))],
+                    out.side)
+
+        # --- input register: identity in the lanes past the last valid one ----------------
+        # A register stage of its own: the lane masks in front of the first level's
+        # comparator were the critical path.
         inp = self.i_stream.payload
-        side = Signal(side_layout, name="in_side")
-        m.d.comb += [side.op.eq(inp.op), side.last.eq(inp.last)]
+        valid = Signal(name="in_valid")
+        ready = Signal(name="in_ready")
+        side = Signal(side_layout, name="in_side", reset_less=True)
+        advance = ~valid | ready
+        m.d.comb += self.i_stream.ready.eq(advance)
+        with m.If(advance):
+            m.d.sync += [valid.eq(self.i_stream.valid), side.op.eq(inp.op),
+                         side.last.eq(inp.last)]
         values = []
         for i in range(self._lanes):
             # lanes_valid counts modulo lanes: 0 keeps every lane; lane 0 is always kept.
             keep = ~inp.last | (inp.lanes_valid == 0) | (inp.lanes_valid > i)
-            v = Signal(FP16_BITS, name=f"in_value{i}")
-            m.d.comb += v.eq(Mux(keep, inp.values[i], identity(inp.op)))
+            v = Signal(FP16_BITS, name=f"in_value{i}", reset_less=True)
+            with m.If(advance):
+                m.d.sync += v.eq(Mux(keep, inp.values[i], identity(inp.op)))
             values.append(v)
 
         # The stream into the next level: valid, the ready to drive, values, side band.
-        valid, ready = self.i_stream.valid, self.i_stream.ready
 
         # --- lane tree -------------------------------------------------------------------
         for t in range(1, self._lane_levels + 1):
@@ -275,8 +322,9 @@ class Fp16Reduce(wiring.Component):
             node, side = level(f"lane_level{t}", width, valid, values[0::2], values[1::2],
                                side)
             m.d.comb += ready.eq(node.i_stream.ready)
-            valid, ready = node.o_stream.valid, node.o_stream.ready
-            values = [node.o_stream.payload.result[i] for i in range(width)]
+            valid, ready, values, side = buffer(
+                f"lane_level{t}_buffer", t, node.o_stream.valid, node.o_stream.ready,
+                [node.o_stream.payload.result[i] for i in range(width)], side)
         value = values[0]
 
         # --- vector tree: one time-shared node per level --------------------------------
@@ -303,8 +351,10 @@ class Fp16Reduce(wiring.Component):
                 m.d.sync += held_valid.eq(~pair)
                 with m.If(~pair):
                     m.d.sync += held.eq(value)
-            valid, ready, side = node.o_stream.valid, node.o_stream.ready, out_side
-            value = node.o_stream.payload.result[0]
+            valid, ready, values, side = buffer(
+                f"vector_level{j}_buffer", self._lane_levels + j, node.o_stream.valid,
+                node.o_stream.ready, [node.o_stream.payload.result[0]], out_side)
+            value = values[0]
 
         # --- result FIFO and broadcast ---------------------------------------------------
         result_layout = data.StructLayout({
@@ -348,8 +398,14 @@ class Fp16Reduce(wiring.Component):
             for i in range(node.lanes):
                 over.append(node.o_stream.payload.overflow[i] & taken)
                 nan.append(node.o_stream.payload.nan_created[i] & taken)
+        # Two register stages: the flags of the nodes' transfers, then their sum (the
+        # ready path into the flags and the adder tree together were the critical path).
+        over_taken = Signal(len(over), name="overflow_taken")
+        nan_taken = Signal(len(nan), name="nan_taken")
         m.d.sync += [
-            self.overflow_events.eq(_tree_sum(m, "overflow_sum", over)),
-            self.nan_events.eq(_tree_sum(m, "nan_sum", nan)),
+            over_taken.eq(Cat(*over)),
+            nan_taken.eq(Cat(*nan)),
+            self.overflow_events.eq(_tree_sum(m, "overflow_sum", list(over_taken))),
+            self.nan_events.eq(_tree_sum(m, "nan_sum", list(nan_taken))),
         ]
         return m

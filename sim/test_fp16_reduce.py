@@ -251,9 +251,12 @@ class TB:
             f"event totals {self.events.totals[-1]}, model {tuple(expected_events)}")
         if self.stalls:
             assert self.outputs.stall_checks > 0, "no back-pressured output cycle"
-        self.log.info("%d logical vectors, %d native vectors out, events %s, %d stall checks",
-                      len(self.jobs), total, expected_events.tolist(),
-                      self.outputs.stall_checks)
+            # Back-pressure reached the input through every level's buffer.
+            assert self.inputs.stall_checks > 0, "the input was never stalled"
+        self.log.info("%d logical vectors, %d native vectors out, events %s, stalled "
+                      "cycles: %d output, %d input", len(self.jobs), total,
+                      expected_events.tolist(), self.outputs.stall_checks,
+                      self.inputs.stall_checks)
         return expected_events
 
 

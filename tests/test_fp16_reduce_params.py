@@ -48,13 +48,14 @@ def test_keyword_only():
 
 
 @pytest.mark.parametrize("lanes, max_length, levels, event_bits, latency", [
-    # levels: (lane tree, vector tree); latency 6 per level plus FIFO and broadcast.
-    (16, 8, (4, 3), 5, 44),        # at most 15 + 3 = 18 events a cycle
-    (4, 8, (2, 3), 3, 32),         # 3 + 3 = 6
-    (1, 1, (0, 1), 1, 8),          # the one extra level: every element meets a node
-    (1, 4, (0, 2), 2, 14),
-    (2, 1, (1, 0), 1, 8),
-    (64, 256, (6, 8), 7, 86),      # 63 + 8 = 71
+    # levels: (lane tree, vector tree); latency 6 per level and 1 per buffer between
+    # levels, plus the input register, the result FIFO and the broadcast register.
+    (16, 8, (4, 3), 5, 51),        # at most 15 + 3 = 18 events a cycle
+    (4, 8, (2, 3), 3, 37),         # 3 + 3 = 6
+    (1, 1, (0, 1), 1, 9),          # the one extra level: every element meets a node
+    (1, 4, (0, 2), 2, 16),
+    (2, 1, (1, 0), 1, 9),
+    (64, 256, (6, 8), 7, 100),      # 63 + 8 = 71
 ])
 def test_derived_figures(lanes, max_length, levels, event_bits, latency):
     dut = Fp16Reduce(lanes=lanes, max_length=max_length)
