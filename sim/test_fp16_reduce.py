@@ -6,8 +6,8 @@ Lanes past ``lanes_last`` carry random bit patterns (NaNs included) and ``lanes_
 carries random bits on vectors that are not ``last``: the unit must ignore both.
 
 * ``test_random``: random logical lengths ``1 .. max_length * lanes`` (lengths 1, whole
-  native vectors and the longest drawn on purpose), both ops mixed, several value styles
-  (:func:`random_logical_vector`);
+  native vectors and the longest drawn on purpose), both ops mixed, six value styles in
+  turn (:func:`random_logical_vector`);
 * ``test_directed``: all NaN, ``inf`` with ``-inf``, overflowing sums, all ``-0``, signed
   zeros under max, subnormals, lone non-canonical NaNs, tie-order cases, every length
   of a few native vectors;
@@ -50,13 +50,17 @@ DRAIN_CYCLES = 8
 
 # --- stimulus -------------------------------------------------------------------------------
 
-def random_logical_vector(rng: np.random.Generator, n: int) -> np.ndarray:
-    """``n`` FP16 bit patterns in one of five styles, so that long sums stay finite often
-    enough to be interesting while specials, overflows and cancellations all occur:
-    any bits; finite values of both signs near one binade; large positive values
-    (overflowing sums); subnormals and zeros of both signs; finite values with 5 %
-    specials (:data:`sim.fp16_vectors.SPECIALS`)."""
-    style = rng.integers(5)
+STYLES = 6
+
+
+def random_logical_vector(rng: np.random.Generator, n: int, style=None) -> np.ndarray:
+    """``n`` FP16 bit patterns in one of :data:`STYLES` styles (random unless given), so
+    that long sums stay finite often enough to be interesting while specials, overflows,
+    created NaNs and cancellations all occur: 0 any bits; 1 finite values of both signs
+    near one binade; 2 large positive values (overflowing sums); 3 subnormals and zeros
+    of both signs; 4 finite values with 5 % specials (:data:`sim.fp16_vectors.SPECIALS`);
+    5 finite values with 10 % infinities of either sign (``inf - inf``)."""
+    style = rng.integers(STYLES) if style is None else style
     sign = rng.integers(0, 2, n) << 15
     frac = rng.integers(0, 1024, n)
     if style == 0:
@@ -70,8 +74,9 @@ def random_logical_vector(rng: np.random.Generator, n: int) -> np.ndarray:
         x = sign | frac * rng.integers(0, 2, n)
     else:
         x = sign | (rng.integers(0, 31, n) << 10) | frac
-        hit = rng.random(n) < 0.05
-        x[hit] = rng.choice(SPECIALS, hit.sum())
+        hit = rng.random(n) < (0.05 if style == 4 else 0.1)
+        x[hit] = (rng.choice(SPECIALS, hit.sum()) if style == 4
+                  else rng.choice([0x7C00, 0xFC00], hit.sum()))
     return x.astype(np.uint16)
 
 
@@ -115,7 +120,8 @@ def random_jobs(rng: np.random.Generator, count: int) -> list[Job]:
              else LANES * int(rng.integers(1, MAX_LENGTH + 1)) if kind == 2
              else int(rng.integers(1, longest + 1)))
         op = ReduceOp(int(rng.integers(2)))
-        jobs.append(Job(rng, op, random_logical_vector(rng, n), f"random #{k}"))
+        bits = random_logical_vector(rng, n, style=k % STYLES)
+        jobs.append(Job(rng, op, bits, f"random #{k}"))
     rng.shuffle(jobs)
     return jobs
 
