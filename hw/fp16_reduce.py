@@ -313,8 +313,8 @@ class Fp16Reduce(wiring.Component):
             with m.If(advance):
                 m.d.sync += v.eq(Mux(keep, inp.values[i], identity(inp.op)))
             values.append(v)
-
-        # The stream into the next level: valid, the ready to drive, values, side band.
+        # From here on, (valid, ready, values, side) is the stream into the next level:
+        # its valid, the ready the next level drives, its FP16 values and side band.
 
         # --- lane tree -------------------------------------------------------------------
         for t in range(1, self._lane_levels + 1):
