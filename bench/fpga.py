@@ -21,8 +21,12 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
-    "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim", "place_and_route",
+    "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
+    "place_and_route", "pnr_records",
 ]
+
+#: Where the benchmarks keep their build folders (``build/fpga/<design>/``).
+BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "fpga"
 
 #: Default extra ``synth_ecp5`` options: PFU multiplexers off (only LUT4s, no
 #: LUT5..LUT7 through PFUMX/L6MUX21). Measured (docs/fpga-flow.md, 3 seeds): on a 64-MAC
@@ -209,17 +213,24 @@ def _yosys_script(name, yosys_args, booth_max_width):
     lines = [f"read_rtlil {name}.il"]
     if booth_max_width:
         w = int(booth_max_width)
-        # Final operand widths are only known after proc/flatten/wreduce; synth_ecp5
-        # repeats these steps harmlessly.
+        select = f"select -set lutmul t:$mul r:A_WIDTH<={w} %i r:B_WIDTH<={w} %i"
+        # Two Booth passes: `booth` skips products of fewer than 8 output bits, and
+        # `wreduce` cuts a product down to the bits that are used (a 4 x 4 product kept
+        # in 7 bits, as the MVM's are), so the first pass runs before it, on the widths
+        # the design gives; the second after it, on the products that only `wreduce`
+        # brought under the limit. synth_ecp5 repeats proc/flatten/wreduce harmlessly.
         lines += [
             f"hierarchy -check -top {name}",
             "proc",
             "flatten",
             "opt_expr",
             "opt_clean",
+            select,
+            "booth @lutmul",
+            "select -clear",
             "wreduce",
             "opt_clean",
-            f"select -set lutmul t:$mul r:A_WIDTH<={w} %i r:B_WIDTH<={w} %i",
+            select,
             "booth @lutmul",
             # Those booth leaves alone (under 4 x 4): generic shift-and-add in LUTs.
             "techmap -map +/techmap.v t:$mul @lutmul %i",
@@ -390,3 +401,29 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     }
     (build_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def pnr_records(label, result, config):
+    """Benchmark records of one :func:`place_and_route` result.
+
+    ``"<label> fmax"`` (MHz), ``"<label> LUT4"``, ``"<label> flip-flops"``,
+    ``"<label> DSP"`` (MULT18X18D) and ``"<label> block RAM"`` (DP16KD), each with
+    ``config`` (what was measured) plus the flow options, device, target and run time;
+    the LUT4 record adds ``carry_ccu2c``, ``lut4_sites`` and ``shim_lut4``, the
+    flip-flop record ``shim_ff``.
+    """
+    cfg = {**config, **result["options"], "device": "LFE5U-85F",
+           "target_mhz": result["target_mhz"],
+           "seconds": result["seconds"]}
+    return [
+        {"name": f"{label} fmax", "value": round(result["fmax_mhz"], 1), "unit": "MHz",
+         "config": cfg},
+        {"name": f"{label} LUT4", "value": result["lut4"], "unit": "LUT4",
+         "config": {**cfg, "carry_ccu2c": result["carry"], "lut4_sites": result["comb"],
+                    "shim_lut4": result["shim_lut4"]}},
+        {"name": f"{label} flip-flops", "value": result["ff"], "unit": "FF",
+         "config": {**cfg, "shim_ff": result["shim_ff"]}},
+        {"name": f"{label} DSP", "value": result["dsp"], "unit": "MULT18X18D", "config": cfg},
+        {"name": f"{label} block RAM", "value": result["bram"], "unit": "DP16KD",
+         "config": cfg},
+    ]

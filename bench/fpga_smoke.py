@@ -8,17 +8,14 @@ the synthesis-option measurements of ``docs/fpga-flow.md``
 import argparse
 import json
 import math
-from pathlib import Path
 
 from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from bench.fpga import place_and_route
+from bench.fpga import BUILD_ROOT, place_and_route, pnr_records
 
 __all__ = ["MacArray", "option_study", "run"]
-
-BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "fpga"
 
 #: Clock target (``--freq``) of the benchmarks. It sets nextpnr's pass/fail line only:
 #: 100 and 200 MHz gave identical results on both study designs (docs/fpga-flow.md).
@@ -101,24 +98,6 @@ class MacArray(wiring.Component):
         return m
 
 
-def _records(label, result, config):
-    cfg = {**config, **result["options"], "device": "LFE5U-85F",
-           "target_mhz": result["target_mhz"],
-           "seconds": result["seconds"]}
-    return [
-        {"name": f"{label} fmax", "value": round(result["fmax_mhz"], 1), "unit": "MHz",
-         "config": cfg},
-        {"name": f"{label} LUT4", "value": result["lut4"], "unit": "LUT4",
-         "config": {**cfg, "carry_ccu2c": result["carry"], "lut4_sites": result["comb"],
-                    "shim_lut4": result["shim_lut4"]}},
-        {"name": f"{label} flip-flops", "value": result["ff"], "unit": "FF",
-         "config": {**cfg, "shim_ff": result["shim_ff"]}},
-        {"name": f"{label} DSP", "value": result["dsp"], "unit": "MULT18X18D", "config": cfg},
-        {"name": f"{label} block RAM", "value": result["bram"], "unit": "DP16KD",
-         "config": cfg},
-    ]
-
-
 def run():
     """Benchmark records: place and route of the vector quantizer (N = 16, m = 4)."""
     from hw.quantizer import VectorQuantizer
@@ -126,7 +105,7 @@ def run():
     result = place_and_route(VectorQuantizer(n=16, mantissa_bits=4),
                              name="vector_quantizer", build_dir=BUILD_ROOT / "vector_quantizer",
                              target_mhz=TARGET_MHZ)
-    return _records("vector quantizer", result,
+    return pnr_records("vector quantizer", result,
                     {"design": "hw.quantizer.VectorQuantizer", "n": 16, "mantissa_bits": 4})
 
 
