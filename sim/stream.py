@@ -87,15 +87,21 @@ class StreamSink:
         self.clk, self.ready = clk, ready
         self.prob = backpressure_prob
         self.rand = random.Random(seed)
+        self.held = False
         self.ready.value = 1
         if backpressure_prob:
             cocotb.start_soon(self._run())
+
+    def hold(self, held: bool) -> None:
+        """Hold ``ready`` low (``True``) until released (``False``)."""
+        self.held = held
+        self.ready.value = int(not held and not self.prob)
 
     async def _run(self):
         edge = RisingEdge(self.clk)
         rand, prob, ready = self.rand.random, self.prob, self.ready
         while True:
-            ready.value = int(rand() >= prob)
+            ready.value = int(not self.held and rand() >= prob)
             await edge
 
 

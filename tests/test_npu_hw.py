@@ -1,0 +1,59 @@
+"""The NPU core under an HDL simulator, bit-exact against :class:`host.model.NpuModel`.
+
+The cocotb bench is ``sim/test_npu.py``; the build travels as JSON in ``NPU_CONFIG``.
+Two builds: ``n8t1`` (N = 8, T = 1) and ``n16t2`` (N = 16, T = 2), small memories so that
+both simulators run the bench in minutes. The random soak runs ``CHAINS`` chains per
+build (Verilator carries the volume; Icarus is about ten times slower on this design).
+"""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from host.config import NpuConfig
+from hw.npu import NpuCore
+from sim.runner import run_cocotb
+
+BUILDS = {
+    "n8t1": NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=16, ivrf_depth=64,
+                      vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
+    "n16t2": NpuConfig(n=16, tiles=2, mrf_depth=48, max_col_tiles=16, ivrf_depth=64,
+                       vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
+}
+#: Random chains of test_random per build (half with stalls), per simulator.
+CHAINS = {"verilator": 5000, "icarus": 300}
+#: The cocotb tests (``sim/test_npu.py``; ``/stalls=...`` are its parametrized forms).
+TESTS = ("test_hand_programs/stalls=False", "test_hand_programs/stalls=True",
+         "test_programs/stalls=False", "test_programs/stalls=True", "test_illegal",
+         "test_host_errors", "test_random/stalls=False", "test_random/stalls=True")
+
+
+def _env(build, simulator, test):
+    cfg = dataclasses.asdict(BUILDS[build])
+    cfg["unary_ops"] = [op.name.lower() for op in BUILDS[build].unary_ops]
+    return {"NPU_CONFIG": json.dumps(cfg), "NPU_CHAINS": str(CHAINS[simulator])}
+
+
+@pytest.fixture(autouse=True)
+def _verilator_opt_fast(monkeypatch):
+    """``OPT_FAST=-O0`` for the Verilated model, as ``tests/test_mvm_hw.py`` does: the
+    core's ~9 MB of Verilog takes most of an hour to compile at the default ``-Os`` on
+    a loaded machine, and the Python testbench dominates the run time anyway."""
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "OPT_FAST" not in flags:
+        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
+
+
+@pytest.mark.parametrize("test", TESTS)
+@pytest.mark.parametrize("build", BUILDS)
+def test_npu(simulator, build, test):
+    run_cocotb(name=f"npu_{build}", component=NpuCore(BUILDS[build]),
+               test_module="sim.test_npu", simulator=simulator, testcase=test,
+               extra_env=_env(build, simulator, test))
+
+
+def test_constructor_errors():
+    with pytest.raises(TypeError, match="config must be an NpuConfig, not 16"):
+        NpuCore(16)
