@@ -563,7 +563,7 @@ async def test_host_errors(dut):
 async def test_random(dut, stalls):
     tb = await setup(dut, stalls)
     total = int(os.environ.get("NPU_CHAINS", "200")) // 2
-    per_program = 50
+    per_program = 30        # about 300 words: within the test builds' program memory
     done = 0
     k = 0
     while done < total:
