@@ -7,9 +7,13 @@ Two builds, both with two MFUs and chains of up to 8 native vectors:
 * ``n = 4``, a subset of unary ops (an unbuilt op gives NaN), a VRF depth that is not a
   power of two and 4-bit counters, so that counters saturate.
 
-Icarus runs fewer random chains than Verilator (``CHAINS``): it is much slower on a
-design of this size.
+The random volumes (``CHAINS``) are per build and simulator: the ``n = 16`` pipeline
+simulates at well under a thousand cycles per second on either simulator (the
+Verilated model is compiled with ``-O0``, below), so it runs fewer chains; the ``n = 4``
+build, where every random path is as likely, runs more.
 """
+
+import os
 
 import pytest
 from amaranth.hdl import Fragment
@@ -24,8 +28,20 @@ BUILDS = {
     "n4": dict(n=4, mfus=2, vrf_depth=12, max_length=8, counter_bits=4,
                unary_ops=(UnaryOp.EXP, UnaryOp.RECIP, UnaryOp.RELU, UnaryOp.TANH)),
 }
-#: Random chains per test (test_softmax runs a sixth as many softmax vectors).
-CHAINS = {"verilator": 60, "icarus": 24}
+#: Random chains of test_random_chains; test_counters runs half as many, test_softmax a
+#: sixth as many softmax vectors (at least 8: every length 1..8 once).
+CHAINS = {("n16", "verilator"): 30, ("n16", "icarus"): 12,
+          ("n4", "verilator"): 60, ("n4", "icarus"): 40}
+
+
+@pytest.fixture(autouse=True)
+def _verilator_opt_fast(monkeypatch):
+    """``OPT_FAST=-O0`` for the Verilated model, as ``tests/test_mvm_hw.py`` does: with
+    the default ``-Os`` the C++ of the ``n = 16`` build (about 10 MB of Verilog, eight
+    16-lane FP16 units) takes far longer to compile than the tests take to run."""
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "OPT_FAST" not in flags:
+        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -35,7 +51,7 @@ def test_mfu_pipeline(simulator, build):
     env = {f"MFU_{k.upper()}": str(v) for k, v in params.items() if k != "unary_ops"}
     if "unary_ops" in params:
         env["MFU_OPS"] = ",".join(op.name.lower() for op in params["unary_ops"])
-    env["MFU_CHAINS"] = str(CHAINS[simulator])
+    env["MFU_CHAINS"] = str(CHAINS[build, simulator])
     run_cocotb(name=f"mfu_pipeline_{build}", component=MfuPipeline(cfg),
                test_module="sim.test_mfu", simulator=simulator, extra_env=env)
 
