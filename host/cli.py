@@ -42,7 +42,7 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     common.add_argument("--device", **({"default": os.environ.get("NPU_DEVICE", "model")}
                                        if defaults else keep),
                         help=f"one of: {', '.join(DEVICE_CHOICES)} (default: $NPU_DEVICE "
-                             f"or 'model'); 'sim' comes with the core RTL")
+                             f"or 'model'); 'sim' is the simulated board (a checkout)")
     common.add_argument("--json", action="store_true", **keep,
                         help="machine-readable output (JSON on stdout)")
     common.add_argument("--timeout", type=float, **({"default": 10.0} if defaults else keep),

