@@ -1,8 +1,11 @@
 """The NPU core under an HDL simulator, bit-exact against :class:`host.model.NpuModel`.
 
 The cocotb bench is ``sim/test_npu.py``; the build travels as JSON in ``NPU_CONFIG``.
-Two builds: ``n8t1`` (N = 8, T = 1) and ``n16t2`` (N = 16, T = 2), small memories so that
-both simulators run the bench in minutes. The random soak runs ``CHAINS`` chains per
+The regression runs the ``n8t1`` build (N = 8, T = 1, small memories) on both
+simulators. ``EXTRA_BUILDS`` holds the second build (N = 16, T = 2): its Verilog is about
+21 MB and its Verilator build had not finished after 20 minutes on the development machine,
+so it has not been run yet and is not part of ``make test``; select it by hand with
+``NPU_BUILDS=n16t2`` (issue 5 records this). The random soak runs ``CHAINS`` chains per
 build (Verilator carries the volume; Icarus is about ten times slower on this design).
 """
 
@@ -16,12 +19,17 @@ from host.config import NpuConfig
 from hw.npu import NpuCore
 from sim.runner import run_cocotb
 
-BUILDS = {
+ALL_BUILDS = {
     "n8t1": NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=16, ivrf_depth=64,
                       vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
     "n16t2": NpuConfig(n=16, tiles=2, mrf_depth=48, max_col_tiles=16, ivrf_depth=64,
                        vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
 }
+#: Builds not in the default regression (see the module docstring).
+EXTRA_BUILDS = ("n16t2",)
+BUILDS = {name: cfg for name, cfg in ALL_BUILDS.items()
+          if name in os.environ.get("NPU_BUILDS", "").split(",")
+          or (not os.environ.get("NPU_BUILDS") and name not in EXTRA_BUILDS)}
 #: Random chains of test_random per build (half with stalls), per simulator; the
 #: environment's NPU_CHAINS overrides it for a long soak. The core simulates at a few
 #: hundred cycles per second on a loaded machine, hence these small defaults.
