@@ -43,9 +43,9 @@ DEFAULT_YOSYS_ARGS = ("-nowidelut",)
 #: are only 156 (SPEC section 8). Wider ones still go to the DSP blocks. 0 turns it off.
 DEFAULT_BOOTH_MAX_WIDTH = 8
 
-#: ULX3S pins (amaranth-boards ``ULX3SPlatform``): the 25 MHz oscillator and the FTDI
-#: UART's two data lines, which are the only fabric I/O the shim needs.
-ULX3S_PINS = {"clk": "G2", "serial_in": "M1", "serial_out": "L4"}
+#: The shim's pins on the ULX3S (the 25 MHz oscillator and the FTDI UART's two data
+#: lines, the only fabric I/O the shim needs), as an LPF file.
+ULX3S_LPF = Path(__file__).resolve().parent.parent / "constraints" / "ulx3s_bench.lpf"
 
 _DEVICES = {"12k", "25k", "45k", "85k", "um-25k", "um-45k", "um-85k",
             "um5g-25k", "um5g-45k", "um5g-85k"}
@@ -244,11 +244,11 @@ def _yosys_script(name, yosys_args, booth_max_width):
 
 
 def _lpf(package):
-    lines = []
-    for port, site in ULX3S_PINS.items():
-        if package == "CABGA381":
-            lines.append(f'LOCATE COMP "{port}" SITE "{site}";')
-        lines.append(f'IOBUF PORT "{port}" IO_TYPE=LVCMOS33;')
+    """The shim's LPF: ``constraints/ulx3s_bench.lpf``, its pin sites only for the
+    ULX3S's package (CABGA381); other packages keep the I/O types alone."""
+    lines = [line for line in ULX3S_LPF.read_text().splitlines()
+             if line.strip() and not line.startswith("#")
+             and (package == "CABGA381" or not line.startswith("LOCATE"))]
     return "\n".join(lines) + "\n"
 
 
