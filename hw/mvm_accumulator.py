@@ -15,6 +15,27 @@ __all__ = ["BfpAccumulator"]
 
 #: The fine part of the term shift (stage 1) covers this many low bits of the amount.
 _FINE_SHIFT_BITS = 3
+#: Bits ORed together in the first stage of the cross-tile check.
+_CHECK_GROUP = 12
+
+
+def _thermometer(value, width):
+    """``width`` bits, bit ``b`` set iff ``value <= b`` (``value`` unsigned, small).
+
+    Built from equality decodes of the value's top bits and its low 3 bits, so it maps
+    to a couple of LUT levels rather than ``width`` comparator carry chains.
+    """
+    hi, lo = value[3:], value[:3]
+    hi_count = (width >> 3) + 2
+    eq_hi = [hi == h for h in range(hi_count)]
+    lt_hi = [Const(0, 1)]                              # lt_hi[h]: hi < h
+    for h in range(1, hi_count):
+        lt_hi.append(lt_hi[-1] | eq_hi[h - 1])
+    eq_lo = [lo == j for j in range(8)]
+    le_lo = []                                         # le_lo[j]: lo <= j
+    for j in range(8):
+        le_lo.append(eq_lo[j] if j == 0 else le_lo[-1] | eq_lo[j])
+    return Cat(*[lt_hi[b >> 3] | (eq_hi[b >> 3] & le_lo[b & 7]) for b in range(width)])
 
 
 class BfpAccumulator(wiring.Component):
@@ -39,7 +60,10 @@ class BfpAccumulator(wiring.Component):
        For ``1 <= c < C`` with ``dot != 0`` it must satisfy ``-2**p <= S_t < 2**p`` with
        ``p = k - 1 + shift`` (``docs/numerics.md`` rule 3 rewritten without the floor;
        ``p < 0`` means ``S_t == 0``): an AND-OR of ``S_t ^ sign`` against a mask of the
-       places ``>= p``. The events are counted by a pipelined popcount.
+       places ``>= p``. ``p`` is clamped one stage early and the mask (a thermometer
+       decode) registered beside the loop adder; the AND-OR takes two more stages (groups
+       of 12 bits, then their OR), then a pipelined popcount counts the events. This path
+       only delays the count, never the result.
 
     On a row block's last group (``last``) the ``N`` values ``S_{T-1}`` are presented on
     ``result`` with ``result_valid`` high for exactly one cycle; the consumer must take
@@ -94,7 +118,7 @@ class BfpAccumulator(wiring.Component):
     @classmethod
     def narrow_latency_of(cls, config):
         """Cycles from a group's inputs to its cross-tile event count."""
-        return cls.result_latency_of(config) + 1 + ceil_log2(config.n * config.tiles)
+        return cls.result_latency_of(config) + 2 + ceil_log2(config.n * config.tiles)
 
     @property
     def result_latency(self):
@@ -144,7 +168,7 @@ class BfpAccumulator(wiring.Component):
         }
 
         # --- stage 2: coarse shift by multiples of 8, drop the low bits (floor) ---------
-        terms = {}
+        terms, pneg = {}, {}
         for t in range(tiles):
             for i in range(n):
                 wide = Signal(wide_shape, name=f"wide_{t}_{i}")
@@ -153,7 +177,12 @@ class BfpAccumulator(wiring.Component):
                 terms[t, i] = pipe(wide[lead:].as_signed(), f"term_s2_{t}_{i}",
                                    signed(c.acc_bits))
                 nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}")
-                p[t, i] = pipe(p[t, i], f"p_s2_{t}_{i}")
+                # Clamp p to 0..acc_bits-1 (p < 0 kept as a flag): the mask of places >= p
+                # is then a 7-bit thermometer decode.
+                pp = p[t, i]
+                pneg[t, i] = pipe(pp < 0, f"p_negative_s2_{t}_{i}")
+                p[t, i] = pipe(Mux(pp < 0, 0, Mux(pp > c.acc_bits - 1, c.acc_bits - 1, pp)),
+                               f"p_clamped_s2_{t}_{i}", range(c.acc_bits))
         side = {k: pipe(v, f"{k}_s2") for k, v in side.items()}
 
         # --- prefix sums over the engines (Sklansky), one register per level -----------
@@ -171,6 +200,7 @@ class BfpAccumulator(wiring.Component):
                     nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits))
                     nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}")
                     p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}")
+                    pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}")
             q = nq
             side = {k: pipe(v, f"{k}_l{level}") for k, v in side.items()}
 
@@ -180,7 +210,7 @@ class BfpAccumulator(wiring.Component):
         for t in range(tiles):
             for i in range(n):
                 acc[t, i] = Signal(signed(c.acc_bits), name=f"sum_{t}_{i}")
-        check, p_loop = {}, {}
+        check, mask_loop, pneg_loop = {}, {}, {}
         for i in range(n):
             base = Mux(first, 0, acc[tiles - 1, i])
             with m.If(valid):
@@ -191,26 +221,27 @@ class BfpAccumulator(wiring.Component):
                 is_c0 = first if t == 0 else Const(0, 1)
                 check[t, i] = pipe(valid & engines[t] & nz[t, i] & ~is_c0,
                                    f"check_{t}_{i}")
-                p_loop[t, i] = pipe(p[t, i], f"p_loop_{t}_{i}")
+                # Places >= p of the accumulator's magnitude bits, beside the loop adder.
+                mask_loop[t, i] = pipe(_thermometer(p[t, i], c.acc_bits - 1),
+                                       f"cross_mask_{t}_{i}")
+                pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}")
         m.d.sync += self.result_valid.eq(valid & last)
         m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
 
-        # --- check: -2**p <= S < 2**p ----------------------------------------------------
+        # --- check: -2**p <= S < 2**p, in two register stages --------------------------
+        # Stage 1: ORs of groups of (S ^ sign) & mask; p < 0 lets only 0 fit, and S = -1
+        # (x = 0) is caught by the sign term. Stage 2: the OR of the groups.
+        w = c.acc_bits
         flags = []
         for t in range(tiles):
             for i in range(n):
-                s = acc[t, i]
-                w = c.acc_bits
-                sign = s[w - 1]
-                x = s[:w - 1] ^ sign.replicate(w - 1)
-                pp = p_loop[t, i]
-                # Mask of the places >= p: all of them when p < 0, none when p >= w-1.
-                mask = Signal(w - 1, name=f"cross_mask_{t}_{i}")
-                m.d.comb += mask.eq(Const((1 << (w - 1)) - 1, w - 1)
-                                    << Mux(pp[-1], 0, Mux(pp >= w - 1, w - 1, pp[:-1])))
-                # p < 0: only 0 fits; x is also 0 for S = -1, which the sign term catches.
-                outside = (x & mask).any() | (pp[-1] & sign)
-                flags.append(pipe(check[t, i] & outside, f"cross_flag_{t}_{i}"))
+                s_ = acc[t, i]
+                sign = s_[w - 1]
+                x = (s_[:w - 1] ^ sign.replicate(w - 1)) & mask_loop[t, i]
+                groups = [x[j:j + _CHECK_GROUP].any() for j in range(0, w - 1, _CHECK_GROUP)]
+                part = pipe(Cat(*groups, pneg_loop[t, i] & sign), f"cross_part_{t}_{i}")
+                chk = pipe(check[t, i], f"check_c1_{t}_{i}")
+                flags.append(pipe(chk & part.any(), f"cross_flag_{t}_{i}"))
 
         total, stages = pipelined_sum(m, flags, "cross_count")
         assert stages == self._count_stages
