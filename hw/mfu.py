@@ -102,18 +102,21 @@ class Mfu(wiring.Component):
     high: the unit of used slot ``k`` takes the output of slot ``k - 1`` (slot 0 the MFU
     input), the output takes the last used slot (the input if none). ``valid``, ``ready``
     and the payload all go through the same selects; an unused unit sees ``valid = 0``.
-    Every unit input has a two-register buffer with a registered ``ready``: no
-    combinational path runs through two units (which also keeps the crossbar free of
-    combinational loops), and each unit's first stage starts from registers.
+    Every unit input has a two-register buffer holding the unit's whole input payload,
+    with a registered ``ready``: one vector per cycle passes, no combinational path runs
+    from one unit into another (which also keeps the crossbar free of combinational
+    loops), each unit's first stage starts from registers, and the crossbar and the VRF
+    readers never see a unit's stall.
 
     **VRFs.** AddSubVrf and MulVrf are ``lib.memory.Memory`` of ``vrf_depth`` native
     vectors with one write port (``vrf_w``) and one synchronous read port. On ``start``
     each reader of a used unit is loaded with its base address and reads ``addr``,
-    ``addr + 1``, ... ``addr + L - 1`` ahead into a :data:`OPERAND_BUFFER`-entry register
-    buffer; the unit's input joins the buffer's head (a register) with the vector, so
-    native vector ``j`` meets operand ``addr + j``. The read address and enable are
-    registers or depend on registers only; the memory output goes straight into the
-    buffer. The read port is not transparent: a write to an address the running chain
+    ``addr + 1``, ... ``addr + L - 1`` ahead (the first read in the cycle of ``start``)
+    into a :data:`OPERAND_BUFFER`-entry register buffer; the vector from the crossbar is
+    joined with the buffer's head (a register) in front of the unit's input buffer, so
+    native vector ``j`` meets operand ``addr + j``. The read address and enable depend on
+    registers (and, for the first read, on ``start`` and ``config``) only; the memory
+    output goes straight into the buffer. The read port is not transparent: a write to an address the running chain
     still has to read gives that chain the old or the new vector (``docs/mfu.md``).
 
     **Counters.** ``overflow`` and ``nan_created`` add up the events of every unit
@@ -246,49 +249,57 @@ class Mfu(wiring.Component):
         o_valid, o_values = crossbar("out", out_sel, range(_SOURCES), self.o_stream.ready)
         m.d.comb += [self.o_stream.valid.eq(o_valid), self.o_stream.payload.eq(o_values)]
 
-        # Unit inputs: crossbar, input buffer, then (ADDSUB, MUL) the VRF operand join.
+        # Unit inputs: crossbar, (ADDSUB, MUL) the VRF operand join, then the input
+        # buffer, which holds the unit's whole input payload. Everything before the
+        # buffer depends on registers only (the buffer's ready is one), so neither the
+        # operand buffer nor the crossbar sees the unit's stall.
         for u, unit in units.items():
             name = u.name.lower()
+            inp = unit.i_stream
+            buf_ready = Signal(name=f"{name}_buf_i_ready")
+            x_ready = Signal(name=f"{name}_in_ready")
             # A unit never takes its own output.
-            i_ready = Signal(name=f"{name}_buf_i_ready")
             x_valid, x_values = crossbar(f"{name}_in", src_sel[u.value],
                                          [s for s in range(_SOURCES) if s != 1 + u.value],
-                                         i_ready)
-            buf_ready = Signal(name=f"{name}_buf_o_ready")
-            buf_i_ready, b_valid, b_values = _skid(m, f"{name}_buf", vec, x_valid, x_values,
-                                                   buf_ready)
-            m.d.comb += i_ready.eq(buf_i_ready)
-            inp = unit.i_stream
+                                         x_ready)
+            payload = Signal(inp.payload.shape(), name=f"{name}_in_payload")
+            valid = Signal(name=f"{name}_in_joined")
             if u in (MfuUnit.ADDSUB, MfuUnit.MUL):
+                pop = Signal(name=f"{name}_pop")
                 head_valid, head = self._vrf_reader(m, name, VrfBank(u.value),
-                                                    use_now[u.value], inp.valid & inp.ready)
+                                                    use_now[u.value], pop)
                 m.d.comb += [
-                    inp.valid.eq(b_valid & head_valid),
-                    buf_ready.eq(inp.ready & head_valid),
-                    inp.payload.a.eq(b_values),
-                    inp.payload.b.eq(head),
-                    inp.payload.op.eq(addsub_op if u is MfuUnit.ADDSUB else BinaryOp.MUL),
+                    valid.eq(x_valid & head_valid),
+                    x_ready.eq(buf_ready & head_valid),
+                    pop.eq(x_valid & head_valid & buf_ready),
+                    payload.a.eq(x_values),
+                    payload.b.eq(head),
+                    payload.op.eq(addsub_op if u is MfuUnit.ADDSUB else BinaryOp.MUL),
                 ]
             else:
-                m.d.comb += [inp.valid.eq(b_valid), buf_ready.eq(inp.ready)]
+                m.d.comb += [valid.eq(x_valid), x_ready.eq(buf_ready)]
                 if u is MfuUnit.ACT:
-                    m.d.comb += [inp.payload.x.eq(b_values), inp.payload.op.eq(act_op)]
+                    m.d.comb += [payload.x.eq(x_values), payload.op.eq(act_op)]
                 else:
                     # The reduction needs `last` on the chain's last vector: count them.
                     count = Signal(cfg.length_bits, name="reduce_in_count")
                     last = Signal(name="reduce_in_last")
                     m.d.comb += [
                         last.eq(count == length - 1),
-                        inp.payload.values.eq(b_values),
-                        inp.payload.op.eq(reduce_op),
-                        inp.payload.last.eq(last),
+                        payload.values.eq(x_values),
+                        payload.op.eq(reduce_op),
+                        payload.last.eq(last),
                         # lanes_last modulo n (0 means all): the field's low bits.
-                        inp.payload.lanes_valid.eq(lanes_last),
+                        payload.lanes_valid.eq(lanes_last),
                     ]
-                    with m.If(inp.valid & inp.ready):
+                    with m.If(valid & buf_ready):
                         m.d.sync += count.eq(Mux(last, 0, count + 1))
                     with m.If(self.start):
                         m.d.sync += count.eq(0)
+            i_ready, b_valid, b_payload = _skid(m, f"{name}_buf", payload.shape(), valid,
+                                                payload, inp.ready)
+            m.d.comb += [buf_ready.eq(i_ready), inp.valid.eq(b_valid),
+                         inp.payload.eq(b_payload)]
 
         for s in range(_SOURCES):
             if s == _IN or consumer_ready[s]:
@@ -302,7 +313,7 @@ class Mfu(wiring.Component):
 
         Returns ``(head_valid, head)``: the operand of the unit's next vector.
         ``use_now`` (valid with ``start``) says whether the chain uses the unit; ``pop`` is
-        high when the unit takes the head.
+        high when the head is taken.
         """
         cfg = self._cfg
         vec = vector_layout(cfg)
@@ -326,28 +337,30 @@ class Mfu(wiring.Component):
         entries = [Signal(vec, name=f"{name}_operand{k}", reset_less=True)
                    for k in range(OPERAND_BUFFER)]
         issue = Signal(name=f"{name}_issue")
-        m.d.comb += [
-            issue.eq((todo != 0) & (count + in_flight < OPERAND_BUFFER)),
-            rp.addr.eq(addr),
-            rp.en.eq(issue),
-        ]
+        # The first read is issued in the cycle the chain is taken, straight from the
+        # configuration input (the previous chain has issued all of its reads).
+        first = Signal(name=f"{name}_first")
         base = (self.config.addsub_addr if bank is VrfBank.ADDSUB else self.config.mul_addr)
+        m.d.comb += [
+            first.eq(self.start & use_now),
+            issue.eq((todo != 0) & (count + in_flight < OPERAND_BUFFER)),
+            rp.addr.eq(Mux(self.start, base, addr)),
+            rp.en.eq(issue | first),
+        ]
         with m.If(self.start):
-            m.d.sync += [todo.eq(Mux(use_now, self.length, 0)), addr.eq(base)]
+            m.d.sync += [todo.eq(Mux(use_now, self.length - 1, 0)), addr.eq(base + 1)]
         with m.Elif(issue):
             m.d.sync += [todo.eq(todo - 1), addr.eq(addr + 1)]
-        m.d.sync += in_flight.eq(issue)
+        m.d.sync += in_flight.eq(issue | first)
 
         # The buffer: entry 0 is the head; a pop shifts, a push lands behind the rest.
         push = in_flight
-        popped = Signal(name=f"{name}_pop")
-        m.d.comb += popped.eq(pop)
-        after_pop = count - popped
+        after_pop = count - pop
         for k, entry in enumerate(entries):
             nxt = entries[k + 1] if k + 1 < OPERAND_BUFFER else entry
             with m.If(push & (after_pop == k)):
                 m.d.sync += entry.eq(rp.data)
-            with m.Elif(popped):
+            with m.Elif(pop):
                 m.d.sync += entry.eq(nxt)
         m.d.sync += count.eq(after_pop + push)
         return count != 0, entries[0]
