@@ -151,7 +151,10 @@ class Mfu(wiring.Component):
     """
 
     def __init__(self, cfg):
+        # A unit whose parameters were refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         self._cfg = _check_cfg(cfg)
+        self._MustUse__silence = False
         super().__init__({
             "i_stream": In(stream.Signature(vector_layout(cfg))),
             "o_stream": Out(stream.Signature(vector_layout(cfg))),
@@ -453,7 +456,9 @@ class MfuPipeline(wiring.Component):
     """
 
     def __init__(self, cfg):
+        self._MustUse__silence = True          # as in Mfu
         self._cfg = _check_cfg(cfg)
+        self._MustUse__silence = False
         counters = data.ArrayLayout(unsigned(cfg.counter_bits), cfg.mfus)
         super().__init__({
             "chain": In(stream.Signature(chain_layout(cfg))),

@@ -30,8 +30,8 @@ BUILDS = {
 }
 #: Random chains of test_random_chains; test_counters runs half as many, test_softmax a
 #: sixth as many softmax vectors (at least 8: every length 1..8 once).
-CHAINS = {("n16", "verilator"): 30, ("n16", "icarus"): 12,
-          ("n4", "verilator"): 60, ("n4", "icarus"): 40}
+CHAINS = {("n16", "verilator"): 60, ("n16", "icarus"): 24,
+          ("n4", "verilator"): 120, ("n4", "icarus"): 60}
 
 
 @pytest.fixture(autouse=True)
