@@ -88,7 +88,25 @@ def _popcount(bits):
     return level[0]
 
 
-class Mfu(wiring.Component):
+class _Configured(wiring.Component):
+    """A component built from one :class:`host.mfu.MfuConfig` (kept as :attr:`cfg`);
+    subclasses give their signature members as ``_members(cfg)``."""
+
+    def __init__(self, cfg):
+        # A component whose configuration was refused is no unused elaboratable worth a
+        # warning.
+        self._MustUse__silence = True
+        self._cfg = _check_cfg(cfg)
+        self._MustUse__silence = False
+        super().__init__(self._members(self._cfg))
+
+    @property
+    def cfg(self):
+        """The build's :class:`host.mfu.MfuConfig`."""
+        return self._cfg
+
+
+class Mfu(_Configured):
     """One multifunction unit: four units joined by a crossbar, two VRFs, two counters.
 
     **Units** (:class:`host.mfu.MfuUnit`): ADDSUB (:class:`hw.fp16_arith.Fp16Binary`,
@@ -150,12 +168,9 @@ class Mfu(wiring.Component):
         ``cfg`` is not an :class:`host.mfu.MfuConfig`.
     """
 
-    def __init__(self, cfg):
-        # A unit whose parameters were refused is no unused elaboratable worth a warning.
-        self._MustUse__silence = True
-        self._cfg = _check_cfg(cfg)
-        self._MustUse__silence = False
-        super().__init__({
+    @staticmethod
+    def _members(cfg):
+        return {
             "i_stream": In(stream.Signature(vector_layout(cfg))),
             "o_stream": Out(stream.Signature(vector_layout(cfg))),
             "start": In(1),
@@ -167,11 +182,7 @@ class Mfu(wiring.Component):
             "nan_created": Out(cfg.counter_bits),
             "clear": In(1),
             "pending": Out(1),
-        })
-
-    @property
-    def cfg(self):
-        return self._cfg
+        }
 
     def elaborate(self, platform):
         m = Module()
@@ -409,7 +420,7 @@ def _any(values):
     return result
 
 
-class MfuPipeline(wiring.Component):
+class MfuPipeline(_Configured):
     """``cfg.mfus`` MFUs in series (MFU ``m``'s output feeds MFU ``m + 1``'s input).
 
     A chain is configured through ``chain`` (a :func:`host.mfu.chain_layout` word,
@@ -455,12 +466,10 @@ class MfuPipeline(wiring.Component):
         ``cfg`` is not an :class:`host.mfu.MfuConfig`.
     """
 
-    def __init__(self, cfg):
-        self._MustUse__silence = True          # as in Mfu
-        self._cfg = _check_cfg(cfg)
-        self._MustUse__silence = False
+    @staticmethod
+    def _members(cfg):
         counters = data.ArrayLayout(unsigned(cfg.counter_bits), cfg.mfus)
-        super().__init__({
+        return {
             "chain": In(stream.Signature(chain_layout(cfg))),
             "i_stream": In(stream.Signature(vector_layout(cfg))),
             "o_stream": Out(stream.Signature(output_layout(cfg))),
@@ -469,11 +478,7 @@ class MfuPipeline(wiring.Component):
             "nan_created": Out(counters),
             "clear": In(1),
             "busy": Out(1),
-        })
-
-    @property
-    def cfg(self):
-        return self._cfg
+        }
 
     def elaborate(self, platform):
         m = Module()
