@@ -19,6 +19,8 @@ MVM_EXP_EXACT_MIN : smallest block exponent for which the BFP-long accumulator i
 
 from __future__ import annotations
 
+import numbers
+
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
@@ -76,6 +78,37 @@ class Rounding(enum.Enum, shape=1):
             return names[value]
         raise ValueError(
             f"rounding must be 'nearest-even' or 'nearest-away', not {value!r}")
+
+
+class NamedCode:
+    """Mixin of the op enums (``UnaryOp``, ``BinaryOp``, ``ReduceOp``): :meth:`parse`.
+
+    Put it before ``enum.Enum`` in the bases: ``class UnaryOp(NamedCode, enum.Enum, shape=3)``.
+    """
+
+    @classmethod
+    def parse(cls, value):
+        """Accept a member, its name in any case (``"relu"``, ``"RELU"``) or its integer
+        code (``bool`` is not an integer code here).
+
+        Raises
+        ------
+        ValueError
+            naming the value and listing the accepted names when it is none of these.
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            for op in cls:
+                if value.lower() == op.name.lower():
+                    return op
+        elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            try:
+                return cls(int(value))
+            except ValueError:
+                pass
+        names = ", ".join(repr(op.name.lower()) for op in cls)
+        raise ValueError(f"op must be a {cls.__name__} or one of {names}, not {value!r}")
 
 
 def check_int(name: str, value, lo: int, hi: int | None = None) -> int:

@@ -37,6 +37,8 @@ from typing import NamedTuple
 import numpy as np
 from amaranth.lib import enum
 
+from .formats import NamedCode
+
 __all__ = [
     "BinaryOp", "BinaryEvents", "CANONICAL_NAN", "binary", "binary_bits", "binary_events",
     "binary_events_bits",
@@ -50,7 +52,7 @@ _MAG = 0x7FFF
 _INF = 0x7C00
 
 
-class BinaryOp(enum.Enum, shape=3):
+class BinaryOp(NamedCode, enum.Enum, shape=3):
     """Element-wise binary operations of an MFU (``vv_add``, ``vv_a_sub_b``, ...).
 
     The values are the operation codes carried with a vector through the MFU pipeline
@@ -73,23 +75,6 @@ class BinaryOp(enum.Enum, shape=3):
     MUL = 3
     MAX = 4
 
-    @classmethod
-    def parse(cls, value) -> "BinaryOp":
-        """Accept a ``BinaryOp`` or its lower-case name (``"add"``, ``"a_sub_b"``, ...).
-
-        Raises
-        ------
-        ValueError
-            naming the value when it is neither.
-        """
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            for op in cls:
-                if value == op.name.lower():
-                    return op
-        names = ", ".join(repr(op.name.lower()) for op in cls)
-        raise ValueError(f"op must be a BinaryOp or one of {names}, not {value!r}")
 
 
 class BinaryEvents(NamedTuple):

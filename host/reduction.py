@@ -34,7 +34,7 @@ import numpy as np
 from amaranth.lib import enum
 
 from .fp16 import BinaryOp, binary_bits, binary_events_bits
-from .formats import check_int
+from .formats import NamedCode, check_int
 
 __all__ = [
     "ReduceOp", "IDENTITY", "ReduceResult", "ReduceVectorsResult", "tree_size",
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class ReduceOp(enum.Enum, shape=1):
+class ReduceOp(NamedCode, enum.Enum, shape=1):
     """The reduction operations of an MFU (the one definition; the gateware uses it).
 
     ====== ===== ================================================
@@ -55,28 +55,6 @@ class ReduceOp(enum.Enum, shape=1):
     MAX = 0
     SUM = 1
 
-    @classmethod
-    def parse(cls, value) -> "ReduceOp":
-        """Accept a :class:`ReduceOp`, its integer code, or ``"max"`` / ``"sum"``.
-
-        Raises
-        ------
-        ValueError
-            naming the value when it is none of these.
-        """
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            for op in cls:
-                if value == op.name.lower():
-                    return op
-        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            try:
-                return cls(int(value))
-            except ValueError:
-                pass
-        names = ", ".join(repr(op.name.lower()) for op in cls)
-        raise ValueError(f"op must be a ReduceOp or one of {names}, not {value!r}")
 
     @property
     def binary_op(self) -> BinaryOp:

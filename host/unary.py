@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 from amaranth.lib import enum
 
-from .formats import FP16_BIAS, FP16_FRAC_BITS
+from .formats import FP16_BIAS, FP16_FRAC_BITS, NamedCode
 
 __all__ = [
     "UnaryOp", "TABLE_OPS", "parse_ops", "unary", "unary_bits", "unary_events",
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-class UnaryOp(enum.Enum, shape=3):
+class UnaryOp(NamedCode, enum.Enum, shape=3):
     """The unary function codes (the one definition; the ISA and the gateware use it)."""
     RELU = 0
     SIGMOID = 1
@@ -49,30 +49,6 @@ class UnaryOp(enum.Enum, shape=3):
     RECIP = 4
     PASS = 5
 
-    @classmethod
-    def parse(cls, value) -> "UnaryOp":
-        """Accept a :class:`UnaryOp`, its integer value, or its lower-case name
-        (``"relu"``, ``"sigmoid"``, ``"tanh"``, ``"exp"``, ``"recip"``, ``"pass"``).
-
-        Raises
-        ------
-        ValueError
-            naming the value when it is none of these.
-        """
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError:
-                pass
-        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            try:
-                return cls(int(value))
-            except ValueError:
-                pass
-        names = ", ".join(repr(op.name.lower()) for op in cls)
-        raise ValueError(f"op must be a UnaryOp or one of {names}, not {value!r}")
 
 
 #: The ops evaluated through the ROM (the others are exact bit manipulations).

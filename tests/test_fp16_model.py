@@ -425,6 +425,9 @@ def test_every_op_name():
     for op in BinaryOp:
         assert BinaryOp.parse(op.name.lower()) is op
         assert BinaryOp.parse(op) is op
+        # The op enums share one parse rule (host.formats.NamedCode): any case, or the code.
+        assert BinaryOp.parse(op.name) is op
+        assert BinaryOp.parse(op.value) is op and BinaryOp.parse(np.uint8(op.value)) is op
     x, y = np.float16([6.0]), np.float16([-2.0])
     assert [float(binary(op, x, y)[0]) for op in BinaryOp] == [4.0, 8.0, -8.0, -12.0, 6.0]
 
@@ -432,8 +435,9 @@ def test_every_op_name():
 @pytest.mark.parametrize("call, error, message", [
     (lambda: binary("div", np.float16(1), np.float16(1)), ValueError,
      "op must be a BinaryOp or one of 'add', 'a_sub_b', 'b_sub_a', 'mul', 'max', not 'div'"),
-    (lambda: binary("ADD", np.float16(1), np.float16(1)), ValueError, "not 'ADD'"),
-    (lambda: binary_bits(3, np.uint16(1), np.uint16(1)), ValueError, "not 3"),
+    (lambda: binary("add ", np.float16(1), np.float16(1)), ValueError, "not 'add '"),
+    (lambda: binary_bits(5, np.uint16(1), np.uint16(1)), ValueError, "not 5"),
+    (lambda: binary_bits(True, np.uint16(1), np.uint16(1)), ValueError, "not True"),
     (lambda: binary("add", np.float32([1]), np.float16([1])), TypeError,
      "a must be a float16 array, not an array of float32"),
     (lambda: binary("add", np.float16([1]), [1.0]), TypeError,
