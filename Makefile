@@ -103,7 +103,7 @@ sim: venv sysdeps
 	cd $(ROOT) && $(PYTEST) -m sim --sim=$(SIM) -n $(JOBS) $(ARGS)
 
 test: venv sysdeps
-	cd $(ROOT) && $(PYTEST) -n $(JOBS) --durations=25 $(ARGS)
+	cd $(ROOT) && $(PYTEST) -n $(JOBS) --durations=25 --tb=short $(ARGS)
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)

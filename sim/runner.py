@@ -175,7 +175,9 @@ def _run_dir_name() -> str:
 
 
 def _failed_tests(results_xml: Path) -> tuple[int, list[str]]:
-    """Return (number of tests that ran, names of failed tests) from cocotb's JUnit xml."""
+    """Return (number of tests that ran, failed tests) from cocotb's JUnit xml; a failed
+    test is named with its cocotb random seed and the first 600 characters of its failure
+    message."""
     ran = 0
     failed = []
     root = ElementTree.parse(results_xml).getroot()
@@ -183,8 +185,18 @@ def _failed_tests(results_xml: Path) -> tuple[int, list[str]]:
         if case.find("skipped") is not None:
             continue
         ran += 1
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(f"{case.get('classname', '')}.{case.get('name', '?')}".lstrip("."))
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            # The test's own message (it names the seed) travels with the name, so a
+            # truncated CI log still says what failed.
+            what = " ".join((bad.get("message") or bad.text or "").split())[:600]
+            seed = next((p.get("value") for p in case.iter("property")
+                         if p.get("name") == "random_seed"), None)
+            failed.append(f"{case.get('classname', '')}.{case.get('name', '?')}".lstrip(".")
+                          + (f" [random_seed {seed}]" if seed else "")
+                          + (f" ({what})" if what else ""))
     return ran, failed
 
 
