@@ -226,6 +226,7 @@ class NpuCore(wiring.Component):
 
     def __init__(self, config):
         if not isinstance(config, NpuConfig):
+            self._MustUse__silence = True    # a refused core is no unused elaboratable
             raise TypeError(f"config must be an NpuConfig, not {config!r}")
         self._config = c = config
         mvm = c.mvm
