@@ -74,6 +74,25 @@ def _leading_zeros(bits, width):
     return hi_zero & lo_zero, Cat(Mux(hi_zero, lo_lz, hi_lz), hi_zero)
 
 
+def _parse_ops(ops):
+    """The ops of a build, sorted by code; ``None`` means every op.
+
+    Raises ``TypeError`` (naming the value) unless ``ops`` is a collection of
+    :class:`BinaryOp`, ``ValueError`` if it is empty.
+    """
+    if ops is None:
+        return tuple(BinaryOp)
+    if isinstance(ops, (str, BinaryOp)) or not hasattr(ops, "__iter__"):
+        raise TypeError(f"ops must be a collection of BinaryOp, not {ops!r}")
+    ops = tuple(ops)
+    for op in ops:
+        if not isinstance(op, BinaryOp):
+            raise TypeError(f"ops must be a collection of BinaryOp; {op!r} is not a BinaryOp")
+    if not ops:
+        raise ValueError(f"ops must name at least one BinaryOp, not {ops!r}")
+    return tuple(sorted(set(ops), key=lambda op: op.value))
+
+
 class Fp16Binary(wiring.Component):
     """Element-wise IEEE 754 binary16 ``op(a, b)`` on ``lanes`` lanes, one vector per cycle.
 
@@ -89,7 +108,8 @@ class Fp16Binary(wiring.Component):
     * ``overflow``: the result is +-inf and no input was an infinity;
       ``nan_created``: the result is a NaN and no input was a NaN.
 
-    Codes 5 to 7 of the ``op`` field are not operations; the unit treats them as ``ADD``.
+    Codes 5 to 7 of the ``op`` field are not operations; the unit treats them as ``ADD``,
+    and so it treats an op left out of ``ops``.
 
     **Datapath** (per lane, ``docs/mfu-arith.md``). The operands are ordered by magnitude
     (``x`` the larger); the multiplier uses the same ordered pair, since it commutes.
@@ -99,20 +119,26 @@ class Fp16Binary(wiring.Component):
     back end: leading-zero count, one shift that normalizes (left) or denormalizes a tiny
     product (right, into the sticky bit), round to nearest even by one increment of the
     packed exponent and fraction. Infinities, NaNs and ``MAX`` are decided in the first
-    stage and carried to the end.
+    two stages and carried to the end.
 
     **Pipeline.** :data:`LATENCY` (6) register stages, all advancing together when the
     output register is empty or being read (a global stall):
 
     1. decode, magnitude compare (operand order and ``MAX``), exponent difference,
-       special results;
-    2. align ``y`` (shift right by up to 15, sticky) | multiply the significands;
-       back-end exponent code;
+       operand kinds; the lane's copy of the op;
+    2. the op decoded: signs, special results | align ``y`` (shift right by up to 15,
+       sticky) | multiply the significands; back-end exponent code;
     3. add or subtract | select the sum or the product for the back end; marker bit;
     4. leading-zero count (stopped at the subnormal boundary by a marker bit placed in
        stage 3), shift amount, sign of a zero result;
     5. shift; sticky bit; exponent field of a normal result;
     6. round, overflow, pack; substitute the special result.
+
+    The enable of each lane's registers is the lane's own copy of the output valid bit
+    combined with ``o_stream.ready``: the copies (flip-flops with the ``keep`` attribute,
+    which the place-and-route flow keeps apart, ``docs/fpga-flow.md``) hold the same value,
+    so the lanes still advance together, but no single net drives every enable of the
+    unit across the die.
 
     With ``o_stream.ready`` high a vector leaves ``o_stream`` 6 cycles after it was
     accepted, and one vector is accepted every cycle. ``i_stream.ready`` depends
@@ -123,6 +149,10 @@ class Fp16Binary(wiring.Component):
     ----------
     lanes : int, 1..64
         FP16 values per vector.
+    ops : collection of BinaryOp, default all
+        The ops built. Without ``MUL`` the unit has no multiplier (no DSP block) and
+        without ``MAX``, ``A_SUB_B`` or ``B_SUB_A`` none of their selection logic; a
+        vector carrying an op that was not built is added (as codes 5 to 7 are).
 
     Attributes
     ----------
@@ -132,19 +162,25 @@ class Fp16Binary(wiring.Component):
         ``{result: ArrayLayout(16, lanes), overflow: ArrayLayout(1, lanes),
         nan_created: ArrayLayout(1, lanes)}``.
     lanes : int
+    ops : tuple of BinaryOp
+        The ops built, sorted by code.
     latency : int
         :data:`LATENCY`, cycles from input transfer to output valid without stalls.
 
     Raises
     ------
     TypeError
-        ``lanes`` is not an integer.
+        ``lanes`` is not an integer; ``ops`` is not a collection of ``BinaryOp``.
     ValueError
-        ``lanes`` is out of range.
+        ``lanes`` is out of range; ``ops`` is empty.
     """
 
-    def __init__(self, *, lanes):
+    def __init__(self, *, lanes, ops=None):
+        # A unit whose parameters were refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         self._lanes = check_int("lanes", lanes, 1, LANES_MAX)
+        self._ops = _parse_ops(ops)
+        self._MustUse__silence = False
         super().__init__({
             "i_stream": In(stream.Signature(input_layout(self._lanes))),
             "o_stream": Out(stream.Signature(output_layout(self._lanes))),
@@ -156,25 +192,28 @@ class Fp16Binary(wiring.Component):
         return self._lanes
 
     @property
+    def ops(self):
+        """The ops built (a tuple of :class:`host.fp16.BinaryOp`, sorted by code)."""
+        return self._ops
+
+    @property
     def latency(self):
         """Cycles from an input transfer to its output being valid, without stalls."""
         return LATENCY
 
     def elaborate(self, platform):
         m = Module()
+        lanes = self._lanes
 
-        # --- one enable for the whole pipeline --------------------------------------------
+        # --- the enables: the pipeline advances when the output is empty or being read ----
+        # The output valid bit has one copy per lane (equal values, `keep` so that
+        # synthesis does not merge them), and each lane's enable is formed from its own
+        # copy: o_stream.ready reaches one LUT per lane, not thousands of enables.
         advance = Signal()
         m.d.comb += [
             advance.eq(~self.o_stream.valid | self.o_stream.ready),
             self.i_stream.ready.eq(advance),
         ]
-
-        def reg(shape, name, value):
-            r = Signal(shape, name=name, reset_less=True)
-            with m.If(advance):
-                m.d.sync += r.eq(value)
-            return r
 
         valid = self.i_stream.valid
         for k in range(1, LATENCY):
@@ -184,27 +223,49 @@ class Fp16Binary(wiring.Component):
             valid = v
         with m.If(advance):
             m.d.sync += self.o_stream.valid.eq(valid)
+        lane_advance = []
+        for i in range(lanes):
+            copy = Signal(name=f"o_valid_copy{i}", attrs={"keep": 1})
+            with m.If(advance):
+                m.d.sync += copy.eq(valid)
+            lane_advance.append(Signal(name=f"advance{i}"))
+            m.d.comb += lane_advance[i].eq(~copy | self.o_stream.ready)
 
-        # --- the operation, decoded once for all lanes -------------------------------------
-        op = self.i_stream.payload.op
-        is_mul = Signal(name="is_mul")
-        is_max = Signal(name="is_max")
-        flip_a = Signal(name="flip_a")           # b - a = (-a) + b
-        flip_b = Signal(name="flip_b")           # a - b = a + (-b)
-        m.d.comb += [
-            is_mul.eq(op == BinaryOp.MUL),
-            is_max.eq(op == BinaryOp.MAX),
-            flip_a.eq(op == BinaryOp.B_SUB_A),
-            flip_b.eq(op == BinaryOp.A_SUB_B),
-        ]
+        # --- the operation: registered once per lane, decoded in stage 2 -----------------
+        # Stage 1 does not depend on the op, so the op input only feeds one register per
+        # lane (`keep`: copies, not merged), and each lane decodes its own copy. An op
+        # that was not built decodes as ADD: its flag is a constant 0.
+        built = set(self._ops)
         out = self.o_stream.payload
-        for i in range(self._lanes):
-            self._lane(m, reg, advance, i, self.i_stream.payload.a[i],
-                       self.i_stream.payload.b[i], is_mul, is_max, flip_a, flip_b, out)
+        for i in range(lanes):
+            en = lane_advance[i]
+
+            def reg(shape, name, value):
+                r = Signal(shape, name=name, reset_less=True)
+                with m.If(en):
+                    m.d.sync += r.eq(value)
+                return r
+            op1 = Signal(BinaryOp, name=f"s1_op{i}", attrs={"keep": 1})
+            with m.If(en):
+                m.d.sync += op1.eq(self.i_stream.payload.op)
+
+            def is_op(o, name):
+                s = Signal(name=f"{name}{i}")
+                if o in built:
+                    m.d.comb += s.eq(op1 == o)
+                return s
+            ops = (is_op(BinaryOp.MUL, "s1_is_mul"), is_op(BinaryOp.MAX, "s1_is_max"),
+                   is_op(BinaryOp.B_SUB_A, "s1_flip_a"),      # b - a = (-a) + b
+                   is_op(BinaryOp.A_SUB_B, "s1_flip_b"))      # a - b = a + (-b)
+            self._lane(m, reg, en, i, self.i_stream.payload.a[i],
+                       self.i_stream.payload.b[i], ops, BinaryOp.MUL in built, out)
         return m
 
     @staticmethod
-    def _lane(m, reg, advance, i, a, b, is_mul, is_max, flip_a, flip_b, out):
+    def _lane(m, reg, advance, i, a, b, ops, has_mul, out):
+        """One lane; ``ops`` are the decode flags (``is_mul``, ``is_max``, ``flip_a``,
+        ``flip_b``) of the lane's op register, valid in stage 2; without ``has_mul`` no
+        multiplier is built."""
         def comb(shape, name, value):
             s = Signal(shape, name=f"{name}{i}")
             m.d.comb += s.eq(value)
@@ -230,23 +291,12 @@ class Fp16Binary(wiring.Component):
         # Both differences are formed beside the comparator, which only selects: the
         # comparator's carry chain is the first stage's long path.
         d = comb(FP16_EXP_BITS, "d", Mux(a_gt, xa - xb, xb - xa))     # ex - ey, 0..29
-        # Signs of the addends (a subtraction flips one operand).
-        sa_add, sb_add = sa ^ flip_a, sb ^ flip_b
-        eff_sub = sa_add ^ sb_add
-        sign = Mux(is_mul, sa ^ sb, Mux(a_gt, sa_add, sb_add))
-
-        # Special results: NaNs, infinities, MAX.
+        # What the special results need, but not the op yet (decoded in stage 2): the
+        # signs, the kinds of operand, and the maximum if the op is MAX. The maximum is
+        # the positive one if the signs differ, else the larger magnitude (positive) or
+        # the smaller (negative); equal magnitudes have equal bits.
         any_nan = a_nan | b_nan
-        add_invalid = a_inf & b_inf & eff_sub                    # inf - inf
-        mul_invalid = (a_inf & b_zero) | (a_zero & b_inf)        # 0 * inf
-        invalid = ~any_nan & ~is_max & Mux(is_mul, mul_invalid, add_invalid)
-        inf_sign = Mux(is_mul, sa ^ sb, Mux(a_inf, sa_add, sb_add))
-        # maximum: the positive one if the signs differ, else the larger magnitude
-        # (positive) or the smaller (negative); equal magnitudes have equal bits.
         a_wins = Mux(sa != sb, ~sa, Mux(sa, ~a_gt, a_gt))
-        special = is_max | any_nan | a_inf | b_inf
-        # The NaN is substituted one stage later: it depends on the longest decode.
-        special_bits = Mux(is_max, Mux(a_wins, a, b), Cat(Const(_INF_MAG, 15), inf_sign))
 
         s1_mx = reg(_SIG, f"s1_mx{i}", mx)
         s1_my = reg(_SIG, f"s1_my{i}", my)
@@ -254,13 +304,28 @@ class Fp16Binary(wiring.Component):
         s1_xa = reg(FP16_EXP_BITS, f"s1_xa{i}", xa)
         s1_xb = reg(FP16_EXP_BITS, f"s1_xb{i}", xb)
         s1_a_gt = reg(1, f"s1_a_gt{i}", a_gt)
-        s1_sign = reg(1, f"s1_sign{i}", sign)
-        s1_sub = reg(1, f"s1_sub{i}", eff_sub & ~is_mul)
-        s1_mul = reg(1, f"s1_mul{i}", is_mul)
-        s1_special = reg(1, f"s1_special{i}", special)
-        s1_sbits = reg(FP16_BITS, f"s1_special_bits{i}", special_bits)
-        s1_invalid = reg(1, f"s1_invalid{i}", invalid)
+        s1_sa = reg(1, f"s1_sa{i}", sa)
+        s1_sb = reg(1, f"s1_sb{i}", sb)
+        s1_a_inf = reg(1, f"s1_a_inf{i}", a_inf)
+        s1_b_inf = reg(1, f"s1_b_inf{i}", b_inf)
+        s1_a_zero = reg(1, f"s1_a_zero{i}", a_zero)
+        s1_b_zero = reg(1, f"s1_b_zero{i}", b_zero)
+        s1_max_bits = reg(FP16_BITS, f"s1_max_bits{i}", Mux(a_wins, a, b))
         s1_nan = reg(1, f"s1_nan{i}", any_nan)
+
+        # --- stage 2: the op; signs, special results -------------------------------------
+        s1_mul, is_max, flip_a, flip_b = ops
+        # Signs of the addends (a subtraction flips one operand).
+        sa_add, sb_add = s1_sa ^ flip_a, s1_sb ^ flip_b
+        eff_sub = sa_add ^ sb_add
+        sign = Mux(s1_mul, s1_sa ^ s1_sb, Mux(s1_a_gt, sa_add, sb_add))
+        add_invalid = s1_a_inf & s1_b_inf & eff_sub                         # inf - inf
+        mul_invalid = (s1_a_inf & s1_b_zero) | (s1_a_zero & s1_b_inf)       # 0 * inf
+        invalid = ~s1_nan & ~is_max & Mux(s1_mul, mul_invalid, add_invalid)
+        inf_sign = Mux(s1_mul, s1_sa ^ s1_sb, Mux(s1_a_inf, sa_add, sb_add))
+        special = is_max | s1_nan | s1_a_inf | s1_b_inf
+        special_bits = Mux(s1_nan | invalid, CANONICAL_NAN,
+                           Mux(is_max, s1_max_bits, Cat(Const(_INF_MAG, 15), inf_sign)))
 
         # --- stage 2: align y | multiply ------------------------------------------------------
         # A shift of 14 or more leaves nothing of y's 14 bits but the sticky bit.
@@ -269,7 +334,7 @@ class Fp16Binary(wiring.Component):
         # Bit j of y (weight j + 3 in the 14-bit aligned word) is shifted out iff
         # j + 3 < d: the sticky bit straight from y and d, beside the shifter.
         align_sticky = Cat(s1_my[j] & (s1_d > j + _EXTRA) for j in range(_SIG)).any()
-        product = comb(_BE_W, "product", s1_mx * s1_my)
+        product = comb(_BE_W, "product", s1_mx * s1_my if has_mul else 0)
         # Back-end exponent code K = Z + 12 (see the module constants):
         #   sum: the 15-bit sum's bit 14 is one place above x's hidden bit, Z = ex + 1;
         #   product: value ma*mb * 2**(xa + xb - 50), leading one at bit 21 means exponent
@@ -281,13 +346,12 @@ class Fp16Binary(wiring.Component):
         s2_sticky = reg(1, f"s2_sticky{i}", align_sticky)
         s2_prod = reg(_BE_W, f"s2_prod{i}", product)
         s2_k = reg(_K_BITS, f"s2_k{i}", k_code)
-        s2_sign = reg(1, f"s2_sign{i}", s1_sign)
-        s2_sub = reg(1, f"s2_sub{i}", s1_sub)
+        s2_sign = reg(1, f"s2_sign{i}", sign)
+        s2_sub = reg(1, f"s2_sub{i}", eff_sub & ~s1_mul)
         s2_mul = reg(1, f"s2_mul{i}", s1_mul)
-        s2_special = reg(1, f"s2_special{i}", s1_special)
-        s2_sbits = reg(FP16_BITS, f"s2_special_bits{i}",
-                       Mux(s1_nan | s1_invalid, CANONICAL_NAN, s1_sbits))
-        s2_invalid = reg(1, f"s2_invalid{i}", s1_invalid)
+        s2_special = reg(1, f"s2_special{i}", special)
+        s2_sbits = reg(FP16_BITS, f"s2_special_bits{i}", special_bits)
+        s2_invalid = reg(1, f"s2_invalid{i}", invalid)
 
         # --- stage 3: add or subtract | select the back end's input --------------------------
         # The sticky bit is jammed into y's lowest bit: y lies strictly between two even

@@ -66,9 +66,10 @@ def test_model(simulator):
 
 # --- Amaranth simulator: every pair of special operands, odd lane counts ------------------
 
-def _pysim(lanes, ops, a, b):
-    """Run pairs through the unit (each op on every pair); return (result, ovf, nan)."""
-    dut = Fp16Binary(lanes=lanes)
+def _pysim(lanes, ops, a, b, built=None):
+    """Run pairs through the unit built with ``built`` ops (default all), each op of
+    ``ops`` on every pair; return (result, ovf, nan) per op."""
+    dut = Fp16Binary(lanes=lanes, ops=built)
     n = len(a)
     pad = -n % lanes
     a = np.concatenate([a, np.zeros(pad, np.uint16)])
@@ -119,6 +120,29 @@ def test_pysim_specials(lanes):
                                f"expected {exp[i]}" for i in bad[:8]]
 
 
+def _expected(op, a, b):
+    ev = binary_events_bits(op, a, b)
+    return np.stack([binary_bits(op, a, b), ev.overflow, ev.nan_created], axis=1)
+
+
+@pytest.mark.parametrize("built", [
+    (BinaryOp.ADD, BinaryOp.A_SUB_B, BinaryOp.B_SUB_A, BinaryOp.MAX),   # the MFU's ADDSUB
+    (BinaryOp.MUL,),                                                     # the MFU's MUL
+])
+def test_pysim_subset(built):
+    """A build of some ops computes them as the full build does, and every other op
+    (not built) as ADD."""
+    sa, sb = (g.ravel() for g in np.meshgrid(SPECIALS[::2], SPECIALS[1::2]))
+    ra, rb = random_pairs(np.random.default_rng(len(built)), 200)
+    a, b = np.concatenate([sa, ra]), np.concatenate([sb, rb])
+    got = _pysim(3, list(BinaryOp), a, b, built=built)
+    for op in BinaryOp:
+        exp = _expected(op if op in built else BinaryOp.ADD, a, b)
+        bad = np.flatnonzero((got[op] != exp).any(axis=1))
+        assert len(bad) == 0, [f"{op.name}({a[i]:04X}, {b[i]:04X}): got {got[op][i]}, "
+                               f"expected {exp[i]}" for i in bad[:8]]
+
+
 # --- constructor and layouts -----------------------------------------------------------
 
 # Objects built only to inspect them or to see __init__ raise are never elaborated; the
@@ -146,6 +170,25 @@ def test_properties():
 def test_constructor_errors(lanes, error, message):
     with pytest.raises(error) as info:
         Fp16Binary(lanes=lanes)
+    assert str(info.value) == message
+
+
+def test_ops():
+    assert Fp16Binary(lanes=2).ops == tuple(BinaryOp)
+    assert Fp16Binary(lanes=2, ops=[BinaryOp.MAX, BinaryOp.ADD, BinaryOp.MAX]).ops == \
+        (BinaryOp.ADD, BinaryOp.MAX)
+
+
+@pytest.mark.parametrize("ops, error, message", [
+    ([], ValueError, "ops must name at least one BinaryOp, not ()"),
+    (BinaryOp.ADD, TypeError, "ops must be a collection of BinaryOp, not <BinaryOp.ADD: 0>"),
+    ("add", TypeError, "ops must be a collection of BinaryOp, not 'add'"),
+    (3, TypeError, "ops must be a collection of BinaryOp, not 3"),
+    ([BinaryOp.ADD, 3], TypeError, "ops must be a collection of BinaryOp; 3 is not a BinaryOp"),
+])
+def test_ops_errors(ops, error, message):
+    with pytest.raises(error) as info:
+        Fp16Binary(lanes=4, ops=ops)
     assert str(info.value) == message
 
 
