@@ -67,9 +67,11 @@ class Fp16Unary(wiring.Component):
     **Datapath per lane** (``docs/unary-functions.md`` gives the reasons and the error);
     register ``k`` holds what was computed from register ``k - 1``:
 
-    1. decode; what the lane's output is if not the datapath's (NaN, +-inf, +-0, relu,
-       pass, tanh of tiny x, reciprocal of 0 and of inf).
-    2. the significand again, as the multiplier's own input register.
+    1. the input: ``x`` and the lane's own copy of the op (so the op is decoded next to
+       each lane rather than once for all of them from the input register).
+    2. decode; what the lane's output is if not the datapath's (NaN, +-inf, +-0, relu,
+       pass, tanh of tiny x, reciprocal of 0 and of inf); the barrel shift amount; the
+       significand again, as the multiplier's own input register.
     3. ``p = sig * round(log2(e) * 2**17)`` (11 x 18 bits, a DSP block).
     4. ``|t| * 2**16 = p >> (26 - ex - c)`` (barrel shift, clamp for ``|x| * 2**c >= 32``),
        ``i, f`` of ``+-t``; normalized significand of a subnormal (reciprocal; its
@@ -89,8 +91,10 @@ class Fp16Unary(wiring.Component):
     or being read, and otherwise the skid register takes the result, which stops the
     pipeline until the output register has taken it over. So ``i_stream.ready`` is a
     flip-flop (not a function of ``o_stream.ready``: no combinational path through the
-    unit, and no wide stall net driven by logic), ``o_stream.valid`` and the payload are
-    flip-flops, held while ``o_stream.ready`` is low, and one vector per cycle passes
+    unit, and no wide stall net driven by logic; each lane's registers load on the
+    lane's own copies of the skid and output valid bits, flip-flops with the ``keep``
+    attribute that the place-and-route flow keeps apart), ``o_stream.valid`` and the
+    payload are flip-flops, held while ``o_stream.ready`` is low, and one vector per cycle passes
     while ``o_stream.ready`` is high. Without stalls a vector leaves ``o_stream``
     :data:`LATENCY` (13) cycles after it was accepted. The op is part of each vector's
     payload, so consecutive vectors may use different ops.
@@ -171,11 +175,16 @@ class Fp16Unary(wiring.Component):
 
         # The pipeline (every register but the output's) advances whenever the skid
         # register is empty: `advance` is a flip-flop, not a function of o_stream.ready.
+        # skid_valid and out_valid have one copy per lane (equal values; `keep` so that
+        # synthesis does not merge them), and each lane's registers load on the lane's
+        # own copies: no single net drives the enables of every lane across the die.
         skid_valid = Signal()
+        out_valid = Signal()
         advance = Signal()
         m.d.comb += [
             advance.eq(~skid_valid),
             self.i_stream.ready.eq(advance),
+            self.o_stream.valid.eq(out_valid),
         ]
 
         # As in hw/quantizer.py: every value its own signal with one continuous
@@ -185,22 +194,31 @@ class Fp16Unary(wiring.Component):
             m.d.comb += w.eq(value)
             return w
 
-        def reg(shape, name, value):
-            r = Signal(shape, name=name, reset_less=True)
-            m.d.sync += r.eq(Mux(advance, value, r))
-            return r
+        def reg_with(enable):
+            def reg(shape, name, value):
+                r = Signal(shape, name=name, reset_less=True)
+                m.d.sync += r.eq(Mux(enable, value, r))
+                return r
+            return reg
 
-        # Valid bits (reset) and the op, shared by all lanes, per stage.
+        # Valid bits (reset), shared by all lanes, per stage.
         valid = [self.i_stream.valid]
         for k in range(1, LATENCY):
             v = Signal(name=f"valid{k}")
             m.d.sync += v.eq(Mux(advance, valid[-1], v))
             valid.append(v)
+        last = valid[LATENCY - 1]
 
-        op_in = wire(3, "op0", self.i_stream.payload.op.as_value())
-        ops = [op_in]
-        for k in range(1, LATENCY):
-            ops.append(reg(3, f"op{k}", ops[-1]))
+        # Output register and skid register. While the skid register is empty the
+        # pipeline advances, and a result that the output register cannot take (it is
+        # full and not being read) is parked in the skid register; that stops the
+        # pipeline until the output register has taken it over.
+        taken = out_valid & self.o_stream.ready
+        skid_next = wire(1, "skid_next", Mux(skid_valid, ~taken,
+                                              ~(~out_valid | taken) & last))
+        out_next = wire(1, "out_next", Mux(skid_valid | ~(~out_valid | taken),
+                                           out_valid, last))
+        m.d.sync += [skid_valid.eq(skid_next), out_valid.eq(out_next)]
 
         # One ROM per lane pair.
         read_ports = []
@@ -213,43 +231,54 @@ class Fp16Unary(wiring.Component):
                     read_ports.append(rom.read_port(domain="sync"))
 
         payload_x = self.i_stream.payload.x
-        result = Signal(output_layout(lanes), name="result")
+        op_in = self.i_stream.payload.op.as_value()
         for lane in range(lanes):
+            # This lane's copies of the control state.
+            skid_c = Signal(name=f"l{lane}_skid_valid", attrs={"keep": 1})
+            out_c = Signal(name=f"l{lane}_out_valid", attrs={"keep": 1})
+            m.d.sync += [skid_c.eq(skid_next), out_c.eq(out_next)]
+            lane_advance = wire(1, f"l{lane}_advance", ~skid_c)
+            reg = reg_with(lane_advance)
+            # The op, registered per lane (`keep`): it is decoded in stage 1 from this
+            # copy, next to the lane, instead of once for all lanes from the input.
+            ops = {1: Signal(3, name=f"l{lane}_op1", reset_less=True, attrs={"keep": 1})}
+            m.d.sync += ops[1].eq(Mux(lane_advance, op_in, ops[1]))
+            for k in range(2, LATENCY):
+                ops[k] = reg(3, f"l{lane}_op{k}", ops[k - 1])
             res, ovf, nanc = self._lane(m, lane, payload_x[lane], ops, has, layout,
                                         read_ports[lane] if read_ports else None,
-                                        advance, wire, reg)
+                                        lane_advance, wire, reg)
+            layout_l = data.StructLayout({"result": unsigned(16), "overflow": unsigned(1),
+                                          "nan_created": unsigned(1)})
+            result = Signal(layout_l, name=f"l{lane}_result")
+            skid = Signal(layout_l, name=f"l{lane}_skid", reset_less=True)
+            out = Signal(layout_l, name=f"l{lane}_out", reset_less=True)
             m.d.comb += [
-                result.result[lane].eq(res),
-                result.overflow[lane].eq(ovf),
-                result.nan_created[lane].eq(nanc),
+                result.result.eq(res),
+                result.overflow.eq(ovf),
+                result.nan_created.eq(nanc),
+                self.o_stream.payload.result[lane].eq(out.result),
+                self.o_stream.payload.overflow[lane].eq(out.overflow),
+                self.o_stream.payload.nan_created[lane].eq(out.nan_created),
             ]
-
-        # Output register and skid register. While the skid register is empty the
-        # pipeline advances, and a result that the output register cannot take (it is
-        # full and not being read) is parked in the skid register; that stops the
-        # pipeline until the output register has taken it over.
-        out_valid = Signal()
-        skid = Signal(output_layout(lanes), name="skid", reset_less=True)
-        taken = out_valid & self.o_stream.ready
-        m.d.comb += self.o_stream.valid.eq(out_valid)
-        last = valid[LATENCY - 1]
-        with m.If(skid_valid):
-            with m.If(taken):
-                m.d.sync += [self.o_stream.payload.eq(skid), skid_valid.eq(0)]
-        with m.Elif(~out_valid | taken):
-            m.d.sync += out_valid.eq(last)
-            with m.If(last):
-                m.d.sync += self.o_stream.payload.eq(result)
-        with m.Else():
-            m.d.sync += skid_valid.eq(last)
-            with m.If(last):
-                m.d.sync += skid.eq(result)
+            # The transfer as the lane's copies see it (the same as `taken`).
+            taken_c = out_c & self.o_stream.ready
+            with m.If(skid_c):
+                with m.If(taken_c):
+                    m.d.sync += out.eq(skid)
+            with m.Elif(~out_c | taken_c):
+                with m.If(last):
+                    m.d.sync += out.eq(result)
+            with m.Else():
+                with m.If(last):
+                    m.d.sync += skid.eq(result)
         return m
 
     def _lane(self, m, lane, x_in, ops, has, layout, rp, advance, wire, reg):
-        """One lane's pipeline; returns its output registers (result, overflow, nan).
+        """One lane's pipeline; returns its result, overflow and nan_created, computed
+        from the last stage's registers (the output register's input).
 
-        ``ops[k]`` is the op of the vector at stage ``k`` (the input of register k+1).
+        ``ops[k]`` (``k >= 1``) is the lane's copy of the op in register ``k``.
         """
         def is_op(k, op):
             if not has[op]:
@@ -265,47 +294,52 @@ class Fp16Unary(wiring.Component):
         table = rp is not None
         log_ops = has[UnaryOp.EXP] or has[UnaryOp.SIGMOID] or has[UnaryOp.TANH]
 
-        # -- stage 1: decode, special results -------------------------------------------
+        # -- stage 1: the input register (x1 and the lane's op1); stage 2: decode ------
+        # The op only exists per lane from register 1 on, so everything that depends on
+        # it is decided from x1 and op1 (the value registered in 2); what depends on the
+        # input alone (the significand for the multiplier) starts from x0.
         x0 = w(16, "x0", x_in)
-        s0, ef0, fr0 = x0[15], x0[10:15], x0[:10]
-        is_nan0 = w(1, "is_nan0", (ef0 == 31) & (fr0 != 0))
-        is_inf0 = w(1, "is_inf0", (ef0 == 31) & (fr0 == 0))
-        is_zero0 = w(1, "is_zero0", (ef0 == 0) & (fr0 == 0))
-        op_tanh0 = is_op(0, UnaryOp.TANH)
-        op_exp0 = is_op(0, UnaryOp.EXP)
-        op_sig0 = is_op(0, UnaryOp.SIGMOID)
-        op_recip0 = is_op(0, UnaryOp.RECIP)
-        op_relu0 = is_op(0, UnaryOp.RELU)
-        op_pass0 = is_op(0, UnaryOp.PASS)
-
-        kind0 = Signal(3, name=f"l{lane}_kind0")
-        with m.If(is_nan0):
-            m.d.comb += kind0.eq(_Kind.NAN)
-        with m.Elif(op_pass0):
-            m.d.comb += kind0.eq(_Kind.X)
-        with m.Elif(op_relu0):
-            m.d.comb += kind0.eq(Mux(s0, _Kind.ZERO, _Kind.X))
-        with m.Elif(op_exp0):
-            m.d.comb += kind0.eq(Mux(is_inf0, Mux(s0, _Kind.ZERO, _Kind.INF), _Kind.DP))
-        with m.Elif(op_sig0):
-            m.d.comb += kind0.eq(Mux(is_inf0, Mux(s0, _Kind.ZERO, _Kind.ONE), _Kind.DP))
-        with m.Elif(op_tanh0):
-            m.d.comb += kind0.eq(Mux(is_inf0, _Kind.ONE,
-                                     Mux(ef0 < _TS_LO, _Kind.X, _Kind.DP)))
-        with m.Elif(op_recip0):
-            m.d.comb += kind0.eq(Mux(is_zero0, _Kind.INF,
-                                     Mux(is_inf0, _Kind.ZERO, _Kind.DP)))
-        with m.Else():                                   # an op that was not built
-            m.d.comb += kind0.eq(_Kind.NAN)
-        signed0 = w(1, "signed0", op_tanh0 | op_recip0)
-
         x_s = [x0]
-        kind = [kind0]
-        sgn = [signed0]
         for k in range(1, LATENCY):
             x_s.append(r(16, f"x{k}", x_s[-1]))
-            kind.append(r(3, f"kind{k}", kind[-1]))
-            sgn.append(r(1, f"signed{k}", sgn[-1]))
+        x1 = x_s[1]
+        s1, ef1, fr1 = x1[15], x1[10:15], x1[:10]
+        is_nan1 = w(1, "is_nan1", (ef1 == 31) & (fr1 != 0))
+        is_inf1 = w(1, "is_inf1", (ef1 == 31) & (fr1 == 0))
+        is_zero1 = w(1, "is_zero1", (ef1 == 0) & (fr1 == 0))
+        op_tanh1 = is_op(1, UnaryOp.TANH)
+        op_exp1 = is_op(1, UnaryOp.EXP)
+        op_sig1 = is_op(1, UnaryOp.SIGMOID)
+        op_recip1 = is_op(1, UnaryOp.RECIP)
+        op_relu1 = is_op(1, UnaryOp.RELU)
+        op_pass1 = is_op(1, UnaryOp.PASS)
+
+        kind1 = Signal(3, name=f"l{lane}_kind1")
+        with m.If(is_nan1):
+            m.d.comb += kind1.eq(_Kind.NAN)
+        with m.Elif(op_pass1):
+            m.d.comb += kind1.eq(_Kind.X)
+        with m.Elif(op_relu1):
+            m.d.comb += kind1.eq(Mux(s1, _Kind.ZERO, _Kind.X))
+        with m.Elif(op_exp1):
+            m.d.comb += kind1.eq(Mux(is_inf1, Mux(s1, _Kind.ZERO, _Kind.INF), _Kind.DP))
+        with m.Elif(op_sig1):
+            m.d.comb += kind1.eq(Mux(is_inf1, Mux(s1, _Kind.ZERO, _Kind.ONE), _Kind.DP))
+        with m.Elif(op_tanh1):
+            m.d.comb += kind1.eq(Mux(is_inf1, _Kind.ONE,
+                                     Mux(ef1 < _TS_LO, _Kind.X, _Kind.DP)))
+        with m.Elif(op_recip1):
+            m.d.comb += kind1.eq(Mux(is_zero1, _Kind.INF,
+                                     Mux(is_inf1, _Kind.ZERO, _Kind.DP)))
+        with m.Else():                                   # an op that was not built
+            m.d.comb += kind1.eq(_Kind.NAN)
+        signed1 = w(1, "signed1", op_tanh1 | op_recip1)
+
+        kind = {1: kind1}
+        sgn = {1: signed1}
+        for k in range(2, LATENCY):
+            kind[k] = r(3, f"kind{k}", kind[k - 1])
+            sgn[k] = r(1, f"signed{k}", sgn[k - 1])
 
         def fields(k):
             x = x_s[k]
@@ -322,17 +356,19 @@ class Fp16Unary(wiring.Component):
             # Register stages (the value computed from stage k-1 is held in register k).
             S_SIG, S_P, S_T, S_ADDR, S_ROM, S_ROMR, S_PROD, S_Y, S_AMT, S_SH, S_G = \
                 range(2, LATENCY)
-            # significand and exponent of |x| = sig * 2**(ex - 25)
+            # significand of |x| = sig * 2**(ex - 25), from the input (no op needed)
+            _, ef0, fr0 = fields(0)
             sig0 = w(11, "sig0", Cat(fr0, ef0 != 0))
-            ex0 = w(5, "ex0", Mux(ef0 == 0, 1, ef0))
-            c_in = w(1, "c0", op_tanh0)
-            ec0 = w(6, "ec0", ex0 + c_in)
-            big = delay("big", 1, w(1, "big0", ec0 >= FP16_BIAS + T_CLAMP_EXP), 0, S_P)
-            sh = delay("sh", 5, w(5, "sh0", (FP16_BIAS + T_CLAMP_EXP - 1) - ec0), 0, S_P)
-            neg = delay("neg", 1, w(1, "neg0", Mux(op_exp0, s0, 1)), 0, S_P)
-            c_ = delay("c", 1, c_in, 0, S_T)
+            # its exponent, the tanh scale c and the shift, from x1 and op1
+            ex1 = w(5, "ex1", Mux(ef1 == 0, 1, ef1))
+            c_in = w(1, "c1", op_tanh1)
+            ec1 = w(6, "ec1", ex1 + c_in)
+            big = delay("big", 1, w(1, "big1", ec1 >= FP16_BIAS + T_CLAMP_EXP), 1, S_P)
+            sh = delay("sh", 5, w(5, "sh1", (FP16_BIAS + T_CLAMP_EXP - 1) - ec1), 1, S_P)
+            neg = delay("neg", 1, w(1, "neg1", Mux(op_exp1, s1, 1)), 1, S_P)
+            c_ = delay("c", 1, c_in, 1, S_T)
             # tanh: small-argument table (ef 9..13) or complement path (ef >= 14)
-            tsmall = delay("tsmall", 1, w(1, "tsmall0", op_tanh0 & (ef0 <= _TS_HI)), 0, S_T)
+            tsmall = delay("tsmall", 1, w(1, "tsmall1", op_tanh1 & (ef1 <= _TS_HI)), 1, S_T)
 
             # -- p = sig * log2(e): a register that only feeds the multiplier (a DSP
             # block), so that placement may put it next to the DSP column.
