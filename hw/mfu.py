@@ -28,6 +28,10 @@ __all__ = ["Mfu", "MfuPipeline", "OPERAND_BUFFER", "vector_layout", "output_layo
 #: cycle t is in the buffer from t + 2, so three keep one operand per cycle flowing.
 OPERAND_BUFFER = 3
 
+#: The ops of the ADDSUB unit's Fp16Binary (every BinaryOp but MUL, which is the MUL
+#: unit's; host.mfu.MfuOp refuses it on ADDSUB).
+_ADDSUB_OPS = tuple(op for op in BinaryOp if op is not BinaryOp.MUL)
+
 #: Crossbar sources, in this order: the MFU's input, then the units' outputs by code.
 _SOURCES = 1 + UNITS
 _IN = 0
@@ -229,8 +233,10 @@ class Mfu(_Configured):
 
         # --- units ---------------------------------------------------------------------------
         units = {
-            MfuUnit.ADDSUB: Fp16Binary(lanes=cfg.n),
-            MfuUnit.MUL: Fp16Binary(lanes=cfg.n),
+            # Each Fp16Binary is built with the ops it can be given: ADDSUB has no
+            # multiplier (host.mfu refuses MUL on it), MUL nothing but one.
+            MfuUnit.ADDSUB: Fp16Binary(lanes=cfg.n, ops=_ADDSUB_OPS),
+            MfuUnit.MUL: Fp16Binary(lanes=cfg.n, ops=(BinaryOp.MUL,)),
             MfuUnit.ACT: Fp16Unary(lanes=cfg.n, ops=cfg.unary_ops),
             MfuUnit.REDUCE: Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length),
         }
