@@ -39,7 +39,8 @@ from host.config import NpuConfig
 from host.protocol import TRUNCATE_TIMEOUT
 from host.transport import Transport, TransportError
 
-__all__ = ["SimTransport", "serve", "SIM_TRUNCATE_CYCLES", "board_name"]
+__all__ = ["SimTransport", "serve", "SIM_TRUNCATE_CYCLES", "board_name", "run_board",
+           "FAST_BUILD_FLAGS", "SMALL_CONFIG"]
 
 #: The simulated board's truncation timeout, in clock cycles (the bridge lets this much
 #: simulated time pass when the host has been silent for TRUNCATE_TIMEOUT mid-frame).
@@ -48,6 +49,11 @@ SIM_TRUNCATE_CYCLES = 4096
 #: the board never times out while the host's bytes are still on their way.
 _SLICE = 256
 _PERIOD_NS = 10
+#: The small board the tests and the bench simulate (N = 8, T = 1, the core bench's
+#: ``n8t1`` memories): ``tests/test_link_hw.py``, the simulated-board LSTM test of
+#: ``tests/test_device.py`` and ``bench.link`` use it, so they share one cached build.
+SMALL_CONFIG = NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=16, ivrf_depth=64,
+                         vrf_depth=32, netq_depth=64, program_depth=512, max_length=4)
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,6 +66,44 @@ def _config_json(config: NpuConfig) -> str:
 def board_name(config: NpuConfig) -> str:
     """Build name of the simulated board of ``config`` (``build/sim/<name>``)."""
     return "simboard_" + hashlib.sha256(_config_json(config).encode()).hexdigest()[:12]
+
+
+#: The Verilated model's optimisation. Link plus core is ~9 MB of Verilog, and the model
+#: itself, not the cocotb side, sets the simulation speed (measured on the loaded
+#: development machine: ``-Os``, the default, ~45 min to build, ~1,060 cycles/s;
+#: ``-O0``, as the core's bench uses, ~1.5 min of CPU to build but ~200 cycles/s;
+#: ``-O1``, ~6.5 min of CPU and ~1,300 cycles/s). The tests on this board run a few
+#: hundred thousand cycles, so ``-O1`` costs the least in all.
+FAST_BUILD_FLAGS = "OPT_FAST=-O1"
+
+
+def run_board(config: NpuConfig, *, test_module: str, simulator: str = "verilator",
+              testcase: str | None = None, extra_env: dict | None = None) -> None:
+    """Build (cached) and simulate the simulated board of ``config`` with cocotb tests
+    ``test_module``: ``SimBoard(config, truncate_cycles=SIM_TRUNCATE_CYCLES)`` named
+    :func:`board_name`, so the transport and the link bench (``tests/test_link_hw.py``)
+    share one build per configuration and simulator. Verilator builds at ``-O1``
+    (:data:`FAST_BUILD_FLAGS`) unless ``MAKEFLAGS`` already sets ``OPT_FAST``.
+
+    Raises what :func:`sim.runner.run_cocotb` raises.
+    """
+    from hw.board import SimBoard
+    from sim.runner import run_cocotb
+
+    flags = os.environ.get("MAKEFLAGS", "")
+    saved = os.environ.get("MAKEFLAGS")
+    if "OPT_FAST" not in flags:
+        os.environ["MAKEFLAGS"] = f"{flags} {FAST_BUILD_FLAGS}".strip()
+    try:
+        run_cocotb(name=board_name(config),
+                   component=SimBoard(config, truncate_cycles=SIM_TRUNCATE_CYCLES),
+                   test_module=test_module, simulator=simulator, testcase=testcase,
+                   extra_env=extra_env)
+    finally:
+        if saved is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = saved
 
 
 class SimTransport(Transport):
@@ -200,20 +244,15 @@ class SimTransport(Transport):
 def _main(argv=None):
     """``python -m sim.board --socket PATH --config JSON [--simulator S]``: build and run
     the board, serving the socket (started by :class:`SimTransport`)."""
-    from hw.board import SimBoard
-    from sim.runner import run_cocotb
-
     parser = argparse.ArgumentParser(prog="python -m sim.board")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--simulator", default="verilator")
     args = parser.parse_args(argv)
     config = NpuConfig(**json.loads(args.config))
-    run_cocotb(name=board_name(config),
-               component=SimBoard(config, truncate_cycles=SIM_TRUNCATE_CYCLES),
-               test_module="sim.board", simulator=args.simulator,
-               extra_env={"NPU_SIM_SOCKET": args.socket,
-                          "NPU_SIM_TRUNCATE": str(SIM_TRUNCATE_CYCLES)})
+    run_board(config, test_module="sim.board", simulator=args.simulator,
+              extra_env={"NPU_SIM_SOCKET": args.socket,
+                         "NPU_SIM_TRUNCATE": str(SIM_TRUNCATE_CYCLES)})
 
 
 try:

@@ -2,9 +2,15 @@
 
 The ``device`` fixture gives a ``Device`` and the ``NpuModel`` behind it, over each
 transport: ``model`` (in process) and ``pty`` (``SerialTransport`` through a
-pseudo-terminal whose far end runs a ``ProtocolServer`` in a thread). The simulated-board
-transport joins the parameter list when the core RTL exists. Expected results come from
-a twin ``NpuModel`` driven directly, or from ``host.programs``' own ``Program.run``.
+pseudo-terminal whose far end runs a ``ProtocolServer`` in a thread). Expected results
+come from a twin ``NpuModel`` driven directly, or from ``host.programs``' own
+``Program.run``.
+
+The end-to-end LSTM test (100 sequences streamed) runs on those two and on ``sim``, the
+simulated board (``sim.board.SimTransport``: link and core under Verilator, marked
+``sim``; it runs when ``--sim`` selects Verilator). Its configuration is
+``tests/test_link_hw.py``'s, so both use one cached board build. Icarus would need most
+of an hour for the 100 sequences, so the simulated board runs on Verilator only.
 """
 
 import dataclasses
@@ -21,6 +27,7 @@ from host.programs import lstm_sequence, native
 from host.protocol import Opcode, Status
 from host.server import ProtocolServer, PtyServer
 from host.transport import ModelTransport, SerialTransport, Transport
+from sim.board import SMALL_CONFIG
 
 from test_protocol_server import mlp_network, random_mrf_words, random_vectors
 
@@ -254,8 +261,8 @@ def test_stream_bad_input_after_good_jobs(device):
 
 # --- the end-to-end LSTM test -------------------------------------------------------------
 
-LSTM_CFG = NpuConfig(n=8, tiles=2, mrf_depth=64, ivrf_depth=64, vrf_depth=64, netq_depth=64,
-                     program_depth=512, max_length=4, max_col_tiles=4)
+#: The link bench's build (``tests/test_link_hw.py``), so the simulated board is built once.
+LSTM_CFG = SMALL_CONFIG
 LSTM_X, LSTM_H, LSTM_T, LSTM_JOBS = 12, 10, 3, 100
 
 
@@ -282,11 +289,24 @@ def lstm_case():
     return image, [native(xs, LSTM_CFG.n) for xs in seqs], reference
 
 
-@pytest.mark.parametrize("kind", TRANSPORTS)
-def test_lstm_stream_matches_the_program_reference(kind, lstm_case):
+def pytest_generate_tests(metafunc):
+    """``lstm_kind``: the transports of the LSTM test, ``sim`` (Verilator) when ``--sim``
+    selects Verilator."""
+    if "lstm_kind" in metafunc.fixturenames:
+        kinds = list(TRANSPORTS)
+        if metafunc.config.getoption("--sim") in ("all", "verilator"):
+            kinds.append(pytest.param("sim", marks=pytest.mark.sim))
+        metafunc.parametrize("lstm_kind", kinds)
+
+
+def test_lstm_stream_matches_the_program_reference(lstm_kind, lstm_case):
     image, inputs, reference = lstm_case
-    model = NpuModel(LSTM_CFG)
-    dev, close = open_device(kind, model)
+    if lstm_kind == "sim":
+        from sim.board import SimTransport
+        dev = Device(SimTransport(LSTM_CFG, simulator="verilator"), timeout=120.0)
+        close = dev.close
+    else:
+        dev, close = open_device(lstm_kind, NpuModel(LSTM_CFG))
     try:
         dev.load_image(image)
         results = list(dev.stream(inputs, outputs=image.outputs, window=4,
