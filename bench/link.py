@@ -7,10 +7,14 @@
   same process (memory speed on this machine); the ratio says how far the host side of
   the link is from it. The receive side (``FrameDecoder.feed`` over the framed batch) is
   measured too, in MB of frame bytes.
-* Jobs per second: an LSTM from ``host.programs`` (X = 12, H = 10, 3 steps, N = 8)
-  streamed through the reference model, in process and through a pseudo-terminal serial
-  link; the model's execution dominates both. The simulated-board figure comes with the
-  core RTL.
+* Jobs per second: an LSTM from ``host.programs`` (X = 12, H = 10, 3 steps) on the small
+  board ``sim.board.SMALL_CONFIG`` (N = 8, T = 1) streamed through the reference model,
+  in process and through a pseudo-terminal serial link (the model's execution dominates
+  both), and through the simulated board ("simulated board inferences per second":
+  ``sim.board.SimTransport``, link and core Verilated at ``-O1``, the cocotb bridge and
+  the socket; the build shared with ``tests/test_link_hw.py``, built first if it is not
+  cached, which is not timed). Timed from the first job to the last result, after the
+  image is loaded.
 
 Best of several runs, ``time.perf_counter``.
 """
@@ -27,6 +31,8 @@ BATCH = (16384, 16, 16)          # jobs x vectors x n: 16 MiB of FP32
 N = BATCH[2]
 REPEATS = 5
 LSTM_JOBS = 40
+#: Jobs through the simulated board (its simulation runs a few thousand cycles a second).
+SIM_JOBS = 20
 
 
 def frame_inputs(x: np.ndarray) -> list[bytes]:
@@ -38,16 +44,14 @@ def frame_inputs(x: np.ndarray) -> list[bytes]:
             for i, s in enumerate(range(0, len(raw), step))]
 
 
-def _lstm_jobs_per_second(kind: str) -> float:
-    from host.config import NpuConfig
+def _lstm_jobs_per_second(kind: str, jobs: int = LSTM_JOBS) -> float:
     from host.device import Device, NetworkImage
     from host.model import NpuModel
     from host.programs import lstm_sequence, native
     from host.server import ProtocolServer, PtyServer
     from host.transport import ModelTransport, SerialTransport
+    from sim.board import SMALL_CONFIG as cfg
 
-    cfg = NpuConfig(n=8, tiles=2, mrf_depth=64, ivrf_depth=64, vrf_depth=64, netq_depth=64,
-                    program_depth=512, max_length=4, max_col_tiles=4)
     rng = np.random.default_rng(0)
     w = {}
     for g in "fioc":
@@ -56,21 +60,24 @@ def _lstm_jobs_per_second(kind: str) -> float:
         w[f"b_{g}"] = (rng.standard_normal(10) * 0.2).astype(np.float16)
     h0 = c0 = np.zeros(10, np.float16)
     seqs = [native(rng.standard_normal((3, 12)).astype(np.float16), cfg.n)
-            for _ in range(LSTM_JOBS)]
+            for _ in range(jobs)]
     image = NetworkImage.from_program(lstm_sequence(cfg, w, seqs[0], h0, c0))
-    model = NpuModel(cfg)
     board = None
     if kind == "model":
-        dev = Device(ModelTransport(model))
-    else:
-        board = PtyServer(ProtocolServer(model)).start()
+        dev = Device(ModelTransport(NpuModel(cfg)))
+    elif kind == "pty":
+        board = PtyServer(ProtocolServer(NpuModel(cfg))).start()
         dev = Device(SerialTransport(board.port))
+    else:
+        from sim.board import SimTransport
+        dev = Device(SimTransport(cfg, simulator="verilator"), timeout=120.0)
     try:
         dev.load_image(image)
         start = time.perf_counter()
-        for _ in dev.stream(seqs, outputs=image.outputs, prologue=image.job_memories):
-            pass
-        return LSTM_JOBS / (time.perf_counter() - start)
+        done = sum(1 for _ in dev.stream(seqs, outputs=image.outputs,
+                                         prologue=image.job_memories))
+        assert done == jobs
+        return jobs / (time.perf_counter() - start)
     finally:
         dev.close()
         if board is not None:
@@ -78,7 +85,8 @@ def _lstm_jobs_per_second(kind: str) -> float:
 
 
 def run():
-    """Host link: framing+packing of a 16 MiB FP32 input batch vs a bytes copy; LSTM jobs/s."""
+    """Host link: framing+packing of a 16 MiB FP32 input batch vs a bytes copy; LSTM jobs/s
+    through the model, a pseudo-terminal and the simulated board."""
     x = np.random.default_rng(0).standard_normal(BATCH, dtype=np.float32)
     mb = x.nbytes / 1e6
     common = dict(batch=list(BATCH), max_payload=p.MAX_PAYLOAD, repeats=REPEATS,
@@ -89,6 +97,7 @@ def run():
     stream = b"".join(frame_inputs(x))
     t_decode = best_time(lambda: p.FrameDecoder().feed(stream), REPEATS)
     frames = len(p.FrameDecoder().feed(stream))
+    lstm = dict(x=12, h=10, steps=3, n=8, tiles=1)
     return [
         record("bytes copy throughput", mb / t_copy, "MB/s", **common),
         record("host link framing+packing throughput", mb / t_frame, "MB/s", frames=frames,
@@ -98,8 +107,10 @@ def run():
         record("host link frame decoding throughput", len(stream) / 1e6 / t_decode, "MB/s",
                unit_of_mb="frame bytes", frames=frames, **common),
         record("model transport LSTM inferences per second", _lstm_jobs_per_second("model"),
-               "jobs/s", jobs=LSTM_JOBS, x=12, h=10, steps=3, n=8),
+               "jobs/s", jobs=LSTM_JOBS, **lstm),
         record("pty serial transport LSTM inferences per second",
-               _lstm_jobs_per_second("pty"), "jobs/s", jobs=LSTM_JOBS, x=12, h=10, steps=3,
-               n=8),
+               _lstm_jobs_per_second("pty"), "jobs/s", jobs=LSTM_JOBS, **lstm),
+        record("simulated board inferences per second",
+               _lstm_jobs_per_second("sim", SIM_JOBS), "jobs/s", jobs=SIM_JOBS,
+               simulator="verilator", opt="-O1", network="LSTM", **lstm),
     ]
