@@ -41,7 +41,7 @@ __all__ = [
     "WORD_BITS", "Opcode", "Space", "Reg", "ErrorCode", "FUNC_LAYOUT", "INSTRUCTION_LAYOUT",
     "FIELDS", "REG_DEFAULTS", "Instruction", "IsaError", "decode", "encode_program",
     "decode_program", "MNEMONICS", "mnemonic", "Chain", "parse_chain", "mrf_address",
-    "mrf_location", "UNARY_NAMES",
+    "mrf_location", "UNARY_NAMES", "MAX_WRITES", "register_limits",
 ]
 
 #: Width of one instruction word.
@@ -136,6 +136,21 @@ REG_DEFAULTS = {
     Reg.ROWS: None, Reg.COLS: None, Reg.ITERATIONS: 1, Reg.ROUNDING: 0, Reg.Q_STATIC: 0,
     Reg.Q_EXPONENT: 127, Reg.NARROW: 64, Reg.WIN_W: 1, Reg.WIN_H: 1, Reg.WIN_PITCH: 0,
 }
+
+#: ``v_wr`` instructions one chain may have; a further one is CHAIN_STRUCTURE.
+MAX_WRITES = 4
+
+
+def register_limits(config) -> dict:
+    """``Reg: (lowest, highest)``: the values ``s_wr`` accepts on a build ``config``
+    (a :class:`host.config.NpuConfig`); any other value is REGISTER_VALUE."""
+    return {
+        Reg.ROWS: (1, config.max_elements), Reg.COLS: (1, config.max_col_tiles * config.n),
+        Reg.ITERATIONS: (1, 1 << 16), Reg.ROUNDING: (0, 1), Reg.Q_STATIC: (0, 1),
+        Reg.Q_EXPONENT: (0, 255), Reg.NARROW: (1, 64),
+        Reg.WIN_W: (1, config.max_col_tiles), Reg.WIN_H: (1, config.max_col_tiles),
+        Reg.WIN_PITCH: (0, (1 << 24) - 1),
+    }
 
 
 class ErrorCode(enum.Enum, shape=8):
@@ -430,7 +445,8 @@ def parse_chain(fetch, start: int) -> Chain:
     illegal word or one past the program's end).
 
     Structure: one ``v_rd``; at most one ``mv_mul``, right after it; element-wise, unary
-    and reduction ops in order; one or more ``v_wr`` after the last op; ``end_chain``.
+    and reduction ops in order; one to :data:`MAX_WRITES` ``v_wr`` after the last op;
+    ``end_chain``.
 
     Raises
     ------
@@ -458,6 +474,8 @@ def parse_chain(fetch, start: int) -> Chain:
                 bad(i, f"{mnemonic(ins)} after a v_wr; the writes end the chain")
             ops.append(ins)
         elif op is Opcode.V_WR:
+            if len(writes) == MAX_WRITES:
+                bad(i, f"more than {MAX_WRITES} v_wr in one chain")
             writes.append(ins)
         elif op is Opcode.END_CHAIN:
             if not writes:

@@ -22,7 +22,7 @@ from .config import NpuConfig
 from .formats import E8M0_BIAS, MVM_EXP_MAX, Rounding, block_bytes, check_int
 from .isa import (
     REG_DEFAULTS, Chain, ErrorCode, Instruction, IsaError, Opcode, Reg, Space, decode,
-    parse_chain,
+    parse_chain, register_limits,
 )
 from .mfu import MfuOp, MfuUnit, MfuVrfs, allocate, run_chain
 from .numerics import mvm, quantize_fp16
@@ -554,15 +554,8 @@ class NpuModel:
         return RunResult(clock.total(), chains, instructions, ErrorCode.NONE, pc)
 
     def _set_register(self, ins: Instruction, pc: int) -> None:
-        cfg = self.config
         reg, v = ins.func, ins.operand
-        limits = {
-            Reg.ROWS: (1, cfg.max_elements), Reg.COLS: (1, cfg.max_col_tiles * cfg.n),
-            Reg.ITERATIONS: (1, 1 << 16), Reg.ROUNDING: (0, 1), Reg.Q_STATIC: (0, 1),
-            Reg.Q_EXPONENT: (0, 255), Reg.NARROW: (1, 64), Reg.WIN_W: (1, cfg.max_col_tiles),
-            Reg.WIN_H: (1, cfg.max_col_tiles), Reg.WIN_PITCH: (0, (1 << 24) - 1),
-        }
-        lo, hi = limits[reg]
+        lo, hi = register_limits(self.config)[reg]
         if not lo <= v <= hi:
             raise IsaError(ErrorCode.REGISTER_VALUE, f"instruction {pc}: s_wr "
                                                      f"{reg.name.lower()}, {v}: the value "

@@ -16,7 +16,7 @@ from amaranth.utils import bits_for, ceil_log2
 from host.config import NpuConfig
 from host.formats import FP16_BITS, Rounding, block_layout
 from host.fp16 import BinaryOp
-from host.isa import REG_DEFAULTS, ErrorCode, Opcode, Reg, Space
+from host.isa import MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits
 from host.mfu import MfuUnit, chain_layout, mfu_layout, vrf_write_layout
 from host.model import MAX_EXPONENT_CODE, MVM_COUNTERS
 
@@ -26,13 +26,10 @@ from .npu_decode import InstructionDecoder
 from .tile_engine import TileEngine
 
 __all__ = [
-    "NpuCore", "MAX_WRITES", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS",
+    "NpuCore", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS",
     "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
-    "register_limits",
 ]
 
-#: ``v_wr`` instructions one chain may have (a further one is CHAIN_STRUCTURE).
-MAX_WRITES = 4
 #: Chain instances issued and not yet completely written (scheduler window).
 IN_FLIGHT = 4
 #: Width of the address field of the host's vector-memory ports (the ISA's 2**24).
@@ -44,17 +41,6 @@ _ITER_BITS = 17
 _INC_BITS = 16
 _OPERAND_BITS = 32
 _PITCH_BITS = 24
-
-
-def register_limits(config: NpuConfig) -> dict:
-    """``Reg: (lowest, highest)`` value ``s_wr`` accepts (``host.model``'s range check)."""
-    return {
-        Reg.ROWS: (1, config.max_elements), Reg.COLS: (1, config.max_col_tiles * config.n),
-        Reg.ITERATIONS: (1, 1 << 16), Reg.ROUNDING: (0, 1), Reg.Q_STATIC: (0, 1),
-        Reg.Q_EXPONENT: (0, 255), Reg.NARROW: (1, 64),
-        Reg.WIN_W: (1, config.max_col_tiles), Reg.WIN_H: (1, config.max_col_tiles),
-        Reg.WIN_PITCH: (0, (1 << _PITCH_BITS) - 1),
-    }
 
 
 def vector_layout(config: NpuConfig) -> data.ArrayLayout:

@@ -429,6 +429,8 @@ ILLEGAL = [
     ("op after v_wr", "v_rd ivrf, 0\nv_wr ivrf, 4\nv_relu\nend_chain\nend",
      ErrorCode.CHAIN_STRUCTURE),
     ("end inside a chain", "v_rd ivrf, 0\nv_wr ivrf, 4\nend", ErrorCode.CHAIN_STRUCTURE),
+    ("five v_wr", "v_rd ivrf, 0\n" + "".join(f"v_wr ivrf, {4 * k}\n" for k in range(1, 6))
+     + "end_chain\nend", ErrorCode.CHAIN_STRUCTURE),
     ("no end", "v_rd ivrf, 0\nv_wr ivrf, 4\nend_chain", ErrorCode.PROGRAM_RANGE),
     ("ops do not fit", "v_rd ivrf, 0\nv_relu\nv_tanh\nv_exp\nv_wr ivrf, 4\nend_chain\nend",
      ErrorCode.CHAIN_STRUCTURE),

@@ -11,9 +11,9 @@ import pytest
 from host.config import NpuConfig
 from host.fp16 import BinaryOp
 from host.isa import (
-    FIELDS, INSTRUCTION_LAYOUT, MNEMONICS, REG_DEFAULTS, ErrorCode, Instruction, IsaError,
+    FIELDS, INSTRUCTION_LAYOUT, MAX_WRITES, MNEMONICS, REG_DEFAULTS, ErrorCode, Instruction, IsaError,
     Opcode, Reg, Space, decode, decode_program, encode_program, mnemonic, mrf_address,
-    mrf_location,
+    mrf_location, parse_chain, register_limits,
 )
 from host.reduction import ReduceOp
 from host.unary import UnaryOp
@@ -209,3 +209,26 @@ if __name__ == "__main__":            # rewrite the generated tables of docs/isa
         text = re.sub(rf"(<!-- table:{name} -->\n).*?(\n<!-- end -->)",
                       lambda m: m.group(1) + table + m.group(2), text, flags=re.S)
     DOC.write_text(text)
+
+
+@pytest.mark.parametrize("writes", [1, MAX_WRITES, MAX_WRITES + 1])
+def test_writes_per_chain(writes):
+    program = [Instruction.v_rd(Space.IVRF, 0)] + [
+        Instruction.v_wr(Space.IVRF, 8 * k) for k in range(1, writes + 1)
+    ] + [Instruction.end_chain()]
+    if writes <= MAX_WRITES:
+        chain = parse_chain(program.__getitem__, 0)
+        assert len(chain.writes) == writes and chain.stop == len(program)
+    else:
+        with pytest.raises(IsaError, match=f"instruction {writes}: more than {MAX_WRITES} "
+                                           f"v_wr in one chain") as e:
+            parse_chain(program.__getitem__, 0)
+        assert e.value.code is ErrorCode.CHAIN_STRUCTURE and e.value.index == writes
+
+
+def test_register_limits():
+    cfg = NpuConfig(n=8, tiles=1, max_col_tiles=16, max_length=4)
+    limits = register_limits(cfg)
+    assert set(limits) == set(Reg)
+    assert limits[Reg.ROWS] == (1, 32) and limits[Reg.COLS] == (1, 128)
+    assert limits[Reg.WIN_W] == (1, 16) and limits[Reg.NARROW] == (1, 64)
