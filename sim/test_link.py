@@ -10,8 +10,14 @@ into the expected frame before the comparison (it must be positive).
 State is compared through the protocol itself: :meth:`LinkTB.digest` reads every word of
 every memory, the counters and the status from both sides.
 
+Every test starts with a RESET request, so that memories an earlier test in the same
+simulation wrote do not differ from the fresh model's. Letting the link go idle waits out
+the board's truncation timeout only when either side holds bytes (the wait dominated the
+fuzz's run time).
+
 Parameters (environment): ``LINK_CONFIG`` (JSON ``NpuConfig`` fields), ``LINK_TRUNCATE``
-(the board's truncation timeout in cycles), ``LINK_FUZZ`` (frames of the fuzz).
+(the board's truncation timeout in cycles), ``LINK_FUZZ`` and ``LINK_SEED`` (frames and
+seed of the fuzz). ``tests/test_link_hw.py`` says what the regression runs.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from host import protocol as p
 from host.asm import assemble
 from host.config import NpuConfig
-from host.isa import Space
+from host.isa import Instruction as I, Space, encode_program
 from host.model import NpuModel
 from host.protocol import MAX_PAYLOAD, Opcode, Status
 from host.randprog import random_fp16
@@ -49,7 +55,6 @@ PROGRAMS = {
     "copy": "v_rd netq\nv_wr netq\nend_chain\nend",
     "mvm": "v_rd netq\nmv_mul 0\nv_relu\nv_wr netq\nend_chain\nend",
     "ivrf": "v_rd ivrf, 2\nv_sigm\nv_wr ivrf, 3\nv_wr netq\nend_chain\nend",
-    "no_end": "v_rd ivrf, 0\nv_wr ivrf, 1\nend_chain",
     "bad_reg": "s_wr rows, 0\nend",
 }
 
@@ -57,6 +62,8 @@ PROGRAMS = {
 def program_words(name: str) -> np.ndarray:
     if name == "zero":
         return np.zeros(3, np.uint64)
+    if name == "no_end":                   # the assembler refuses it; encoded directly
+        return encode_program([I.v_rd(Space.IVRF, 0), I.v_wr(Space.IVRF, 1), I.end_chain()])
     return assemble(PROGRAMS[name])
 
 
@@ -126,6 +133,9 @@ class LinkTB:
         self.sink = StreamSink(dut.clk, dut.tx__ready, backpressure_prob=backpressure,
                                seed=seed + 1)
         self.mon = StreamMonitor(dut.clk, *stream_signals(dut, "tx"), name="tx")
+        # The reset input leaves the memories as an earlier test in the same simulation
+        # left them; the protocol's RESET zeroes them, as the fresh reference model is.
+        await self.request(Opcode.RESET)
 
     async def _wait_bytes(self, target, budget):
         waited = 0
@@ -136,19 +146,31 @@ class LinkTB:
                                      f"{target - self.seen} reply bytes after {waited} "
                                      f"cycles")
 
+    async def _wait_waiting(self, budget):
+        waited = 0
+        while not (self.src.idle and self.dut.waiting.value):
+            await RisingEdge(self.dut.clk)
+            waited += 1
+            assert waited < budget, f"link never waiting for bytes after {waited} cycles"
+
     async def exchange(self, data: bytes, idle: bool = False, budget: int = 200_000):
-        """Send ``data`` (then let the link go idle past its timeout, if ``idle``) and
+        """Send ``data`` (then, if ``idle``, let the link go idle past its timeout) and
         check the replies against the reference server's; returns them as frames."""
         expected = self.server.feed(data)
-        if idle:
-            expected += self.server.idle()
+        holding = self.server.pending > 0
+        late = self.server.idle() if idle else b""
         if data:
             self.src.send(list(data))
-        if idle:
-            while not self.src.idle:
-                await RisingEdge(self.dut.clk)
-            await ClockCycles(self.dut.clk, self.truncate + 4)
         await self._wait_bytes(self.seen + len(expected), budget + 40 * len(data))
+        if idle:
+            # Waiting out the timeout dominates the fuzz's run time, so it is skipped
+            # when neither side holds a byte (the board may still hold bytes that
+            # cannot start a frame, which the reference has already dropped).
+            await self._wait_waiting(budget)
+            if holding or late or self.dut.partial.value:
+                await ClockCycles(self.dut.clk, self.truncate + 4)
+            expected += late
+            await self._wait_bytes(self.seen + len(expected), budget)
         got = bytes(self.mon.items[self.seen:self.seen + len(expected)])
         self.seen += len(expected)
         want_frames = split_frames(expected)
@@ -500,7 +522,7 @@ class FrameFuzzer:
         for _ in range(int(self.rng.integers(1, 4))):
             frame = self.valid()
             frames.append(self.mutate(frame) if self.rng.random() < 0.35 else frame)
-        return b"".join(frames), bool(self.rng.random() < 0.08), len(frames)
+        return b"".join(frames), bool(self.rng.random() < 0.04), len(frames)
 
 
 @cocotb.test()
@@ -523,6 +545,7 @@ async def test_fuzz(dut):
             await tb.exchange(b"", idle=True)          # flush whatever is pending
             await tb.digest()
             next_digest += 400
+            dut._log.info(f"fuzz: {done} of {total} frames, state equal")
     await tb.exchange(b"", idle=True)
     await tb.digest()
     await tb.finish()
