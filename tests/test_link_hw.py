@@ -8,10 +8,11 @@ same component, name and configuration as the simulated-board transport of
 (Verilator at ``-O1``, see ``sim.board.FAST_BUILD_FLAGS``).
 
 What runs where (``RUN``): the Verilated model itself sets the speed (~1,300 cycles/s
-at ``-O1`` on the loaded development machine, Icarus ~10 times fewer), so Verilator runs
-the directed tests and a short fuzz (``FUZZ``), Icarus only ``test_opcodes``. Everything
-else was run by hand once, with the figures in ``docs/link-hw.md`` section 7: the
-10,000-frame fuzz (``LINK_FUZZ=10000 LINK_SEED=7``) and ``test_opcodes_stalls``.
+at ``-O1`` on the loaded development machine, Icarus ~20 times fewer), so Verilator runs
+``test_opcodes``, ``test_errors`` and a short fuzz (``FUZZ``), Icarus ``test_opcodes``,
+each simulator's tests in one simulation. ``test_opcodes_stalls`` and the long fuzz
+(``LINK_FUZZ=10000 LINK_SEED=7``) are run by hand; ``docs/link-hw.md`` section 7 has the
+commands, run times and results.
 """
 
 import dataclasses
@@ -39,18 +40,9 @@ def _env():
             "LINK_SEED": os.environ.get("LINK_SEED", str(SEED))}
 
 
-def pytest_generate_tests(metafunc):
-    """``(simulator, test)`` pairs of ``RUN`` for the simulators ``--sim`` selects (the
-    argument is not called ``simulator``: conftest's hook would parametrize it over
-    every simulator)."""
-    if "board_sim" not in metafunc.fixturenames:
-        return
-    choice = metafunc.config.getoption("--sim")
-    metafunc.parametrize("board_sim,test", [
-        pytest.param(sim, test, id=f"{sim}-{test}", marks=pytest.mark.sim)
-        for sim in RUN if choice in ("all", sim) for test in RUN[sim]])
-
-
-def test_link(board_sim, test):
-    run_board(CONFIG, test_module="sim.test_link", simulator=board_sim, testcase=test,
-              extra_env=_env())
+@pytest.mark.sim
+def test_link(simulator):
+    """``RUN[simulator]`` in one simulation: one Verilog conversion and one start (each
+    cocotb test begins with a RESET request, so they do not depend on their order)."""
+    run_board(CONFIG, test_module="sim.test_link", simulator=simulator,
+              testcase=",".join(RUN[simulator]), extra_env=_env())
