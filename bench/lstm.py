@@ -8,7 +8,9 @@ the core's host write ports, runs it, checks every output bit for bit against
 :class:`host.model.NpuModel` and stamps the cycle each step's ``h`` leaves the output
 queue. Records (``docs/npu.md`` section 4):
 
-* ``lstm cycles per step``: steady state, ``(last h - first h) / (steps - 1)`` cycles;
+* ``lstm cycles per step``: steady state, ``(h[steps-2] - h[0]) / (steps - 2)`` cycles
+  with ``h[k]`` the cycle step ``k``'s last ``h`` vector leaves the output queue (the
+  last step, without the next step's input products, is left out);
 * ``lstm utilization``: the useful MACs of a step, ``4 * (H*X + H*H)`` (the logical
   products of the eight gate matrices, no padding), over ``T*N*N`` MACs per cycle times
   the cycles per step, percent;
@@ -36,7 +38,7 @@ from host.config import NpuConfig
 __all__ = ["INPUT", "HIDDEN", "STEPS", "N", "TILES", "lstm_config", "run"]
 
 INPUT = HIDDEN = 256
-STEPS = 10
+STEPS = 10               #: at least 3 (the steady state leaves out the last step)
 N, TILES = 16, 2
 SEED = 1
 
@@ -100,7 +102,7 @@ def simulate(cfg: NpuConfig, *, x_len: int, h_len: int, steps: int, seed: int = 
         when the RTL differs from the model (the cocotb test fails).
     """
     from hw.npu import NpuCore
-    from sim.runner import BUILD_ROOT, run_cocotb
+    from sim.runner import run_cocotb
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "lstm.json")
@@ -166,8 +168,9 @@ def run():
     """LSTM 256/256 on the N=16, T=2 core (Verilator): cycles per step, utilization, prediction."""
     cfg = lstm_config()
     m = simulate(cfg, x_len=INPUT, h_len=HIDDEN, steps=STEPS)
+    # Steady state: the last step has no next-step input products, so it is left out.
     h = m["h_cycles"]
-    per_step = (h[-1] - h[0]) / (len(h) - 1)
+    per_step = (h[-2] - h[0]) / (len(h) - 2)
     macs = 4 * (HIDDEN * INPUT + HIDDEN * HIDDEN)
     config = {"design": "hw.npu.NpuCore", "n": cfg.n, "tiles": cfg.tiles,
               "mrf_depth": cfg.mrf_depth, "input": INPUT, "hidden": HIDDEN,

@@ -88,33 +88,55 @@ def mvm_latency(config) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Timing:
-    """Constants of the timing model (cycles); ``docs/isa.md`` explains each."""
+    """Constants of the timing model (cycles); ``docs/npu.md`` section 4 explains each.
+
+    The unit latencies are those of the gateware (``hw.fp16_arith.LATENCY``,
+    ``hw.fp16_unary.LATENCY``, ``hw.fp16_reduce.NODE_LATENCY``); ``host`` does not import
+    ``hw``, so they are repeated here and a change there must be made here too.
+    """
+    fetch_latency: int = 1           #: ``run`` to the first instruction decoded
     decode_per_instruction: int = 1
+    chain_overhead: int = 5          #: per chain: check, hand-off, taken by the issuer
     decode_queue: int = 2            #: decoded chains waiting ahead of the one issuing
-    vrf_read_latency: int = 2
-    mfu_latency: int = 6 + 6 + 13 + 2  #: add/sub, multiply, activation, crossbars
-    reduce_stage_latency: int = 6    #: one level of a reduction tree
-    write_latency: int = 2
-    end_latency: int = 1
+    in_flight: int = 4               #: instances issued and not yet written (scoreboard)
+    read_latency: int = 4            #: issue to the first source vector at the MFU input
+    load_offset: int = -1            #: the MVM's loader, relative to ``read_latency``
+    mfu_setup: int = 6               #: issue to the chain taken by the MFU pipeline
+    binary_latency: int = 6          #: an ADDSUB or MUL unit
+    unary_latency: int = 13          #: the ACT unit
+    reduce_node_latency: int = 6     #: one adder level of the REDUCE unit
+    mfu_accept: int = 2              #: last output taken to the next chain taken
+    retire_latency: int = 1          #: last write to the scoreboard entry freed
+    end_latency: int = 1             #: last retirement (or ``end`` decoded) to ``done``
 
 
 class _Clock:
-    """The timing model run alongside the execution: one call per chain instance."""
+    """The timing model run alongside the execution: one call per chain instance.
+
+    It follows the core's resources (``docs/npu.md`` section 4): in-order issue with a
+    write scoreboard of ``in_flight`` instances (RAW only), one reader, the MVM's loader
+    and sequencer (``docs/mvm.md`` section 7), and one MFU pipeline that takes a chain
+    only when the previous one has left it, feeding a writer that takes one cycle per
+    vector and destination.
+    """
 
     def __init__(self, config: NpuConfig, timing: Timing):
         self.cfg = config
         self.t = timing
         self.front, self.back = mvm_latency(config)
-        self.decode = 0          # cycle at which the decoder has decoded so far
+        levels = (config.n - 1).bit_length() + (config.max_length - 1).bit_length()
+        self.reduce_latency = (timing.reduce_node_latency + 1) * levels + 2
+        self.decode = timing.fetch_latency   # cycle at which the decoder has decoded so far
         self.issued = []         # issue cycles of chains (for the decode queue)
-        self.rd_free = 0
+        self.issue_free = 0      # the issuer takes one instance per cycle
+        self.rd_free = 0         # the reader is free
         self.load_free = 0
         self.seq_free = 0
         self.seq_ends = []       # last sequencer cycle of each product
-        self.mvm_path = 0        # last MFU entry of the MVM's results
-        self.direct_path = 0     # last MFU entry of vectors read directly (no product)
+        self.mfu_free = 0        # the MFU pipeline can take the next chain
+        self.retired = []        # retire cycles of the instances, in issue order
         self.done = 0
-        self.flight = []         # (done, reads, writes) of instances maybe in flight
+        self.flight = []         # (retire, writes) of instances maybe in flight
 
     def instructions(self, count: int):
         """Instructions decoded outside chains (s_wr, end)."""
@@ -125,45 +147,73 @@ class _Clock:
         q = self.t.decode_queue
         if len(self.issued) >= q:
             self.decode = max(self.decode, self.issued[-q])
-        self.decode += n_instr * self.t.decode_per_instruction
+        self.decode += n_instr * self.t.decode_per_instruction + self.t.chain_overhead
 
-    def instance(self, c_in, rows, mvm_cols, reduces, reads, writes):
+    def _fill(self, ops, length: int) -> tuple[int, int]:
+        """``(fill, pipe)`` of an MFU chain: edges from acceptance to the first output
+        with the input offered at once (``docs/mfu.md`` section 6), and from an input
+        vector to its output."""
+        t = self.t
+        lat = {MfuUnit.ADDSUB: t.binary_latency, MfuUnit.MUL: t.binary_latency,
+               MfuUnit.ACT: t.unary_latency,
+               MfuUnit.REDUCE: length - 1 + self.reduce_latency}
+        pipe = 1 + sum(1 + lat[op.unit] for op in ops)
+        vrf_first = bool(ops) and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL)
+        return pipe + vrf_first, pipe - 1
+
+    def instance(self, c_in, length, mvm_cols, ops, reads, writes, dests):
         """One chain instance: advances the resources.
 
-        ``c_in`` native vectors read; ``rows`` (R) vectors out; ``mvm_cols`` C of the
-        product or None; ``reads``/``writes``: lists of ``(space, start, stop)`` (a NETQ
-        push counts as a write of NETQ ``0..1``, so pushes stay in order).
+        ``c_in`` native vectors read; ``length`` (L) vectors out; ``mvm_cols`` C of the
+        product or None; ``ops`` the chain's ``MfuOp`` list; ``reads``/``writes``: lists of
+        ``(space, start, stop)`` of vector memories (not NETQ); ``dests`` the number of
+        ``v_wr`` (NETQ included).
         """
         t = self.t
-        self.flight = [f for f in self.flight if f[0] > self.rd_free]
-        ready = 0
-        for done, rd, wr in self.flight:
-            if _overlaps(wr, reads) or _overlaps(wr, writes) or _overlaps(rd, writes):
-                ready = max(ready, done)
-        start = max(self.decode, self.rd_free, ready)
+        # Issue: decoded, one per cycle, a free scoreboard entry, and no read of a range
+        # an instance in flight still writes (later writes cannot overtake earlier reads
+        # or writes: everything after the issuer is in order).
+        start = max(self.decode, self.issue_free)
+        if len(self.retired) >= t.in_flight:
+            start = max(start, self.retired[-t.in_flight])
+        for retire, wr in self.flight:
+            if retire > start and _overlaps(wr, reads):
+                start = max(start, retire)
         self.issued.append(start)
+        self.issue_free = start + 1
+        # The MFU pipeline takes the chain once the previous one has left it.
+        accept = max(self.mfu_free, start + t.mfu_setup)
+        fill, pipe = self._fill(ops, length)
+        read = max(start + t.read_latency, self.rd_free)
         if mvm_cols is not None:
             groups = -(-mvm_cols // self.cfg.tiles)
             # The loader takes the command and its C vectors once a buffer half is free:
             # the half of the product before the previous one has been sequenced.
-            load = max(start, self.load_free, self.seq_ends[-2] if len(self.seq_ends) > 1
+            load = max(read + t.load_offset, self.load_free, self.seq_ends[-2] if len(self.seq_ends) > 1
                        else 0)
             self.load_free = load + mvm_cols + 1
-            self.rd_free = load + c_in
+            self.rd_free = load + c_in + 1
             seq = max(load + mvm_cols + self.front, self.seq_free)
-            self.seq_free = seq + rows * groups
+            self.seq_free = seq + length * groups
             self.seq_ends.append(self.seq_free)
-            mfu_end = max(self.seq_free + self.back, self.mvm_path + rows)
-            self.mvm_path = mfu_end
+            arrive = [seq + (k + 1) * groups + self.back - 1 for k in range(length)]
         else:
-            self.rd_free = start + c_in
-            mfu_end = max(start + c_in + t.vrf_read_latency, self.direct_path + rows)
-            self.direct_path = mfu_end
-        depth = max(1, (self.cfg.n - 1).bit_length() + (self.cfg.max_length - 1).bit_length())
-        extra = reduces * (rows + depth * t.reduce_stage_latency)
-        done = mfu_end + self.cfg.mfus * t.mfu_latency + extra + t.write_latency
-        self.flight.append((done, reads, writes))
-        self.done = max(self.done, done)
+            # Direct vectors wait in the reader's 4-vector buffer for the MFU.
+            arrive = [max(read + k, accept + 1 + k) for k in range(length)]
+            self.rd_free = max(read + c_in, arrive[-1] - 3) + 1
+        # Outputs: one per cycle at best, one per destination while the writer writes.
+        out = max(accept + fill, arrive[0] + pipe)
+        reduces = sum(op.unit is MfuUnit.REDUCE for op in ops)
+        if reduces:                            # a reduction waits for the last vector
+            out = max(out, arrive[-1] + pipe - reduces * (length - 1))
+        for a in arrive[1:]:
+            out = max(out + dests, a + pipe)
+        last = out + dests - 1                 # the writer's last write
+        self.mfu_free = last + t.mfu_accept
+        retire = last + t.retire_latency
+        self.retired.append(retire)
+        self.flight = [f for f in self.flight if f[0] > start] + [(retire, writes)]
+        self.done = max(self.done, retire)
 
     def total(self) -> int:
         return max(self.done, self.decode) + self.t.end_latency
@@ -698,7 +748,6 @@ class NpuModel:
         mv = chain.mv_mul
         rd = chain.read
         clock.chain(chain.stop - chain.start)
-        reduces = sum(1 for ins in chain.ops if ins.opcode is Opcode.V_REDUCE)
         vv = [ins for ins in chain.ops if ins.opcode is Opcode.VV]
         for i in range(plan["iters"]):
             # Read the chain's input.
@@ -734,9 +783,8 @@ class NpuModel:
                     self._vector_memory(w.space)[a:a + length] = y
             reads = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, *_ in plan["reads"]]
             writes = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, _ in plan["writes"]]
-            writes += [(Space.NETQ, 0, 1) for w in chain.writes if w.space is Space.NETQ]
             clock.instance(plan["c_in"], length, plan["cols"] if mv is not None else None,
-                           reduces, reads, writes)
+                           plan["ops"], reads, writes, len(chain.writes))
         return plan["iters"]
 
     def _product(self, x, base: int, plan) -> np.ndarray:

@@ -389,3 +389,54 @@ def test_cycles_grow_with_work(model):
     model.load_program(assemble("s_wr rows, 32\ns_wr iterations, 4\nv_rd ivrf, 0\n"
                                 "v_wr ivrf, 8\nend_chain\nend"))
     assert model.run().cycles_predicted > short > 0
+
+
+def predicted(text, config=CFG):
+    model = NpuModel(config)
+    model.load_program(assemble(text))
+    result = model.run()
+    assert result.ok, result.message
+    return result.cycles_predicted
+
+
+def test_mfu_pipeline_drains_between_chains():
+    """The MFU pipeline takes a chain only after the previous one has left it
+    (``docs/mfu.md`` section 6), so a second independent chain of L vectors through one
+    activation costs its L outputs plus the whole fill, 15 edges for one ACT op."""
+    chain = "v_rd ivrf, {src}\nv_sigm\nv_wr ivrf, {dst}\nend_chain\n"
+    one = predicted("s_wr rows, 32\n" + chain.format(src=0, dst=8) + "end")
+    two = predicted("s_wr rows, 32\n" + chain.format(src=0, dst=8)
+                    + chain.format(src=16, dst=24) + "end")
+    assert two - one >= 4 + 15
+
+
+def test_writer_takes_a_cycle_per_destination():
+    """Each result vector is written to every destination of its chain, one per cycle:
+    a second ``v_wr`` costs L more cycles, and one to decode it."""
+    head = "s_wr rows, 32\nv_rd ivrf, 0\nv_relu\nv_wr ivrf, 8\n"
+    one = predicted(head + "end_chain\nend")
+    two = predicted(head + "v_wr asvrf0, 0\nend_chain\nend")
+    assert two - one == 4 + 1
+
+
+def test_back_to_back_products():
+    """Independent products follow each other every ``max(R*G, C + 1)`` cycles
+    (``docs/mvm.md`` section 7) once the scoreboard's window covers the pipeline: R = 8
+    row tiles, C = 8 column tiles on T = 1 engine of N = 8."""
+    cfg = NpuConfig(n=8, tiles=1, mrf_depth=64, max_col_tiles=8, ivrf_depth=8,
+                    vrf_depth=8, netq_depth=8, max_length=8, program_depth=64)
+
+    def run(iterations):
+        return predicted(f"s_wr rows, 64\ns_wr cols, 64\ns_wr iterations, {iterations}\n"
+                         "v_rd ivrf, 0\nmv_mul 0\nv_wr asvrf0, 0\nend_chain\nend", cfg)
+    r = c = 8
+    assert run(5) - run(4) == run(6) - run(5) == max(r * c, c + 1)
+
+
+def test_read_after_write_waits():
+    """A chain that reads what the chain before it writes issues only after that write
+    (the scoreboard), later than the same chain reading another range."""
+    first = "s_wr rows, 32\nv_rd ivrf, 0\nv_tanh\nv_wr ivrf, 8\nend_chain\n"
+    dependent = predicted(first + "v_rd ivrf, 8\nv_relu\nv_wr ivrf, 16\nend_chain\nend")
+    independent = predicted(first + "v_rd ivrf, 24\nv_relu\nv_wr ivrf, 16\nend_chain\nend")
+    assert dependent > independent
