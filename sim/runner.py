@@ -174,6 +174,15 @@ def _run_dir_name() -> str:
     return safe
 
 
+_SRC_ATTRIBUTE = re.compile(r'\(\* src = "[^"]*" \*\)')
+
+
+def design_text(verilog_text: str) -> str:
+    """``verilog_text`` without its ``(* src = "file:line" *)`` attributes: what decides
+    whether a cached build is still the design."""
+    return _SRC_ATTRIBUTE.sub("", verilog_text)
+
+
 def _failed_tests(results_xml: Path) -> tuple[int, list[str]]:
     """Return (number of tests that ran, failed tests) from cocotb's JUnit xml; a failed
     test is named with its cocotb random seed and the first 600 characters of its failure
@@ -256,11 +265,13 @@ def run_cocotb(
     text = verilog.convert(component, name=name)
     build_args = list(VERILATOR_BUILD_ARGS if simulator == "verilator" else ICARUS_BUILD_ARGS)
 
-    # Everything the compiled model depends on. Python-side test changes do not rebuild.
+    # Everything the compiled model depends on. Python-side test changes do not rebuild,
+    # and neither do the `src` attributes alone (file paths and line numbers): an edit
+    # that only moves lines of the hardware description leaves the design as it was.
     key = hashlib.sha256(
         "\0".join(
             [_BUILD_RECIPE_VERSION, simulator, _tool_version(simulator), repr(build_args),
-             repr(TIMESCALE), f"waves={waves}", text]
+             repr(TIMESCALE), f"waves={waves}", design_text(text)]
         ).encode()
     ).hexdigest()
     key_file = build_dir / ".build-key"
