@@ -81,10 +81,7 @@ def lstm_config(n: int = N, tiles: int = TILES, x_len: int = INPUT, h_len: int =
 
 def config_json(cfg: NpuConfig) -> str:
     """``cfg`` as the JSON ``sim/test_npu.py`` reads from ``NPU_CONFIG``."""
-    import dataclasses
-    d = dataclasses.asdict(cfg)
-    d["unary_ops"] = [op.name.lower() for op in cfg.unary_ops]
-    return json.dumps(d)
+    return cfg.to_json()
 
 
 def simulate(cfg: NpuConfig, *, x_len: int, h_len: int, steps: int, seed: int = SEED,

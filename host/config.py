@@ -6,6 +6,7 @@ handful of parameters, so that the hardware, the model and the host agree by con
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 from .formats import (
@@ -229,6 +230,18 @@ class NpuConfig(MvmConfig):
     def mrf_words(self) -> int:
         """MRF words in the flat host address space (``host.isa.mrf_address``)."""
         return self.tiles * self.n * self.mrf_depth
+
+    def to_json(self) -> str:
+        """The build as JSON (fields by name, keys sorted, unary ops by their lower-case
+        names): how benches hand a build to a simulation and how builds are named."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["unary_ops"] = [op.name.lower() for op in self.unary_ops]
+        return json.dumps(values, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "NpuConfig":
+        """Inverse of :meth:`to_json` (validated as the constructor validates)."""
+        return cls(**json.loads(text))
 
     @property
     def max_elements(self) -> int:

@@ -23,9 +23,7 @@ Options of ``sim:``: the ``NpuConfig`` fields as integers, and ``simulator=icaru
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
-import json
 import os
 import select
 import socket
@@ -57,15 +55,9 @@ SMALL_CONFIG = NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=16, ivrf_dep
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def _config_json(config: NpuConfig) -> str:
-    fields = dataclasses.asdict(config)
-    fields["unary_ops"] = [op.name.lower() for op in config.unary_ops]
-    return json.dumps(fields, sort_keys=True)
-
-
 def board_name(config: NpuConfig) -> str:
     """Build name of the simulated board of ``config`` (``build/sim/<name>``)."""
-    return "simboard_" + hashlib.sha256(_config_json(config).encode()).hexdigest()[:12]
+    return "simboard_" + hashlib.sha256(config.to_json().encode()).hexdigest()[:12]
 
 
 #: The Verilated model's optimisation. Link plus core is ~9 MB of Verilog, and the model
@@ -144,7 +136,7 @@ class SimTransport(Transport):
             filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "sim.board", "--socket", path, "--simulator", simulator,
-             "--config", _config_json(self.config)],
+             "--config", self.config.to_json()],
             cwd=_REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._sock = None
         try:
@@ -249,7 +241,7 @@ def _main(argv=None):
     parser.add_argument("--config", required=True)
     parser.add_argument("--simulator", default="verilator")
     args = parser.parse_args(argv)
-    config = NpuConfig(**json.loads(args.config))
+    config = NpuConfig.from_json(args.config)
     run_board(config, test_module="sim.board", simulator=args.simulator,
               extra_env={"NPU_SIM_SOCKET": args.socket,
                          "NPU_SIM_TRUNCATE": str(SIM_TRUNCATE_CYCLES)})

@@ -22,7 +22,6 @@ seed of the fuzz). ``tests/test_link_hw.py`` says what the regression runs.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 
@@ -45,8 +44,7 @@ PERIOD_NS = 10
 
 
 def load_config() -> NpuConfig:
-    fields = json.loads(os.environ["LINK_CONFIG"])
-    return NpuConfig(**fields)
+    return NpuConfig.from_json(os.environ["LINK_CONFIG"])
 
 
 #: Programs the benches run: pass-through, a product with an activation, IVRF writes,

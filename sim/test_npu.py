@@ -24,7 +24,6 @@ test says ``stalls``.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from types import SimpleNamespace
@@ -57,7 +56,7 @@ RUN_TIMEOUT_CYCLES = 400_000
 
 
 def config_from_env() -> NpuConfig:
-    return NpuConfig(**json.loads(os.environ.get("NPU_CONFIG", "{}")))
+    return NpuConfig.from_json(os.environ.get("NPU_CONFIG", "{}"))
 
 
 def pack_vector(v) -> int:

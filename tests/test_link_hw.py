@@ -15,8 +15,6 @@ each simulator's tests in one simulation. ``test_opcodes_stalls`` and the long f
 commands, run times and results.
 """
 
-import dataclasses
-import json
 import os
 
 import pytest
@@ -33,9 +31,7 @@ RUN = {"verilator": ("test_opcodes", "test_errors", "test_fuzz"),
 
 
 def _env():
-    fields = dataclasses.asdict(CONFIG)
-    fields["unary_ops"] = [op.name.lower() for op in CONFIG.unary_ops]
-    return {"LINK_CONFIG": json.dumps(fields), "LINK_TRUNCATE": str(SIM_TRUNCATE_CYCLES),
+    return {"LINK_CONFIG": CONFIG.to_json(), "LINK_TRUNCATE": str(SIM_TRUNCATE_CYCLES),
             "LINK_FUZZ": os.environ.get("LINK_FUZZ", str(FUZZ)),
             "LINK_SEED": os.environ.get("LINK_SEED", str(SEED))}
 

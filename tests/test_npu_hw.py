@@ -9,8 +9,6 @@ how far it has been run). The random programs run ``CHAINS`` chains per build fr
 fixed ``SEED`` (Verilator carries the volume; Icarus is about ten times slower here).
 """
 
-import dataclasses
-import json
 import os
 
 import pytest
@@ -46,9 +44,7 @@ TESTS = ("test_hand_programs/stalls=False", "test_hand_programs/stalls=True",
 
 
 def _env(build, simulator, test):
-    cfg = dataclasses.asdict(BUILDS[build])
-    cfg["unary_ops"] = [op.name.lower() for op in BUILDS[build].unary_ops]
-    return {"NPU_CONFIG": json.dumps(cfg),
+    return {"NPU_CONFIG": BUILDS[build].to_json(),
             "NPU_CHAINS": os.environ.get("NPU_CHAINS", str(CHAINS[simulator])),
             "NPU_SEED": os.environ.get("NPU_SEED", str(SEED))}
 
