@@ -11,12 +11,14 @@ from amaranth.lib.wiring import In, Out
 from host.fp16 import CANONICAL_NAN, BinaryOp
 from host.formats import FP16_BITS, FP16_EXP_BITS, FP16_FRAC_BITS, check_int
 
-__all__ = ["Fp16Binary", "LATENCY", "input_layout", "output_layout"]
+__all__ = ["Fp16Binary", "LATENCY", "SIDE_MAX", "input_layout", "output_layout"]
 
 #: Register stages from an accepted input to its output (see :class:`Fp16Binary`).
 LATENCY = 6
 
 LANES_MAX = 64
+#: Widest side band (bits) a unit carries beside its lanes.
+SIDE_MAX = 64
 
 _SIG = FP16_FRAC_BITS + 1                  # significand with its hidden bit: 11
 _EXP_ALL = (1 << FP16_EXP_BITS) - 1        # exponent field of inf and NaN: 31
@@ -37,27 +39,36 @@ _K_BITS = 6                                # K <= 58 (largest product)
 _U_OFFSET = 13
 
 
-def input_layout(lanes):
-    """``i_stream`` payload: ``a`` and ``b`` (FP16 lanes) and the vector's ``op``.
+def input_layout(lanes, side=0):
+    """``i_stream`` payload: ``a`` and ``b`` (FP16 lanes) and the vector's ``op``, then
+    (if ``side`` > 0) a ``side`` band of ``side`` bits.
 
     Bits: ``a`` lane ``i`` at ``[16i, 16i+16)``, ``b`` lane ``i`` at
-    ``[16(lanes+i), 16(lanes+i)+16)``, ``op`` (3 bits) at ``32*lanes``.
+    ``[16(lanes+i), 16(lanes+i)+16)``, ``op`` (3 bits) at ``32*lanes``, ``side`` at
+    ``32*lanes + 3``.
     """
-    return data.StructLayout({
+    fields = {
         "a": data.ArrayLayout(FP16_BITS, lanes),
         "b": data.ArrayLayout(FP16_BITS, lanes),
         "op": BinaryOp,
-    })
+    }
+    if side:
+        fields["side"] = side
+    return data.StructLayout(fields)
 
 
-def output_layout(lanes):
+def output_layout(lanes, side=0):
     """``o_stream`` payload: ``result`` (FP16 lanes), then one ``overflow`` and one
-    ``nan_created`` bit per lane (at ``16*lanes + i`` and ``17*lanes + i``)."""
-    return data.StructLayout({
+    ``nan_created`` bit per lane (at ``16*lanes + i`` and ``17*lanes + i``), then (if
+    ``side`` > 0) the ``side`` band of ``side`` bits at ``18*lanes``."""
+    fields = {
         "result": data.ArrayLayout(FP16_BITS, lanes),
         "overflow": data.ArrayLayout(1, lanes),
         "nan_created": data.ArrayLayout(1, lanes),
-    })
+    }
+    if side:
+        fields["side"] = side
+    return data.StructLayout(fields)
 
 
 def _leading_zeros(bits, width):
@@ -121,8 +132,8 @@ class Fp16Binary(wiring.Component):
     packed exponent and fraction. Infinities, NaNs and ``MAX`` are decided in the first
     two stages and carried to the end.
 
-    **Pipeline.** :data:`LATENCY` (6) register stages, all advancing together when the
-    output register is empty or being read (a global stall):
+    **Pipeline.** :data:`LATENCY` (6) register stages; stages 1 to 5 advance together
+    whenever the skid register (below) is empty:
 
     1. decode, magnitude compare (operand order and ``MAX``), exponent difference,
        operand kinds; the lane's copy of the op;
@@ -132,18 +143,22 @@ class Fp16Binary(wiring.Component):
     4. leading-zero count (stopped at the subnormal boundary by a marker bit placed in
        stage 3), shift amount, sign of a zero result;
     5. shift; sticky bit; exponent field of a normal result;
-    6. round, overflow, pack; substitute the special result.
+    6. round, overflow, pack; substitute the special result: the output register.
 
-    The enable of each lane's registers is the lane's own copy of the output valid bit
-    combined with ``o_stream.ready``: the copies (flip-flops with the ``keep`` attribute,
-    which the place-and-route flow keeps apart, ``docs/fpga-flow.md``) hold the same value,
-    so the lanes still advance together, but no single net drives every enable of the
-    unit across the die.
+    **Flow control.** The output register loads when it is empty or being read;
+    otherwise the *skid register* (a second output register) takes stage 6's result,
+    which stops stages 1 to 5 until the output register has taken it over. So
+    ``i_stream.ready`` (``~skid_valid``) is a flip-flop: no combinational path runs from
+    ``o_stream`` to ``i_stream``, and ``o_stream.ready`` reaches only the output and skid
+    registers. Each lane's registers load on the lane's own copies of the skid and
+    output valid bits (flip-flops with the ``keep`` attribute, which the place-and-route
+    flow keeps apart, ``docs/fpga-flow.md``): the copies hold the same value, so the
+    lanes advance together, but no single net drives every enable across the die.
 
     With ``o_stream.ready`` high a vector leaves ``o_stream`` 6 cycles after it was
-    accepted, and one vector is accepted every cycle. ``i_stream.ready`` depends
-    combinationally on ``o_stream.ready`` (never the other way round); ``o_stream.valid``
-    only on state, and the output payload is held while ``o_stream.ready`` is low.
+    accepted, and one vector is accepted every cycle. ``o_stream.valid`` and the payload
+    are flip-flops, held while ``o_stream.ready`` is low. The optional side band
+    (``side`` bits of the payload, opaque to the unit) leaves with its vector.
 
     Parameters
     ----------
@@ -153,37 +168,43 @@ class Fp16Binary(wiring.Component):
         The ops built. Without ``MUL`` the unit has no multiplier (no DSP block) and
         without ``MAX``, ``A_SUB_B`` or ``B_SUB_A`` none of their selection logic; a
         vector carrying an op that was not built is added (as codes 5 to 7 are).
+    side : int, 0..64, default 0
+        Bits of a side band carried unchanged beside each vector, in the ``side`` field
+        of both payloads (no field if 0).
 
     Attributes
     ----------
-    i_stream : ``In(stream.Signature(input_layout(lanes)))``
-        ``{a: ArrayLayout(16, lanes), b: ArrayLayout(16, lanes), op: BinaryOp}``.
-    o_stream : ``Out(stream.Signature(output_layout(lanes)))``
+    i_stream : ``In(stream.Signature(input_layout(lanes, side)))``
+        ``{a: ArrayLayout(16, lanes), b: ArrayLayout(16, lanes), op: BinaryOp[, side]}``.
+    o_stream : ``Out(stream.Signature(output_layout(lanes, side)))``
         ``{result: ArrayLayout(16, lanes), overflow: ArrayLayout(1, lanes),
-        nan_created: ArrayLayout(1, lanes)}``.
+        nan_created: ArrayLayout(1, lanes)[, side]}``.
     lanes : int
     ops : tuple of BinaryOp
         The ops built, sorted by code.
+    side : int
     latency : int
         :data:`LATENCY`, cycles from input transfer to output valid without stalls.
 
     Raises
     ------
     TypeError
-        ``lanes`` is not an integer; ``ops`` is not a collection of ``BinaryOp``.
+        ``lanes`` or ``side`` is not an integer; ``ops`` is not a collection of
+        ``BinaryOp``.
     ValueError
-        ``lanes`` is out of range; ``ops`` is empty.
+        ``lanes`` or ``side`` is out of range; ``ops`` is empty.
     """
 
-    def __init__(self, *, lanes, ops=None):
+    def __init__(self, *, lanes, ops=None, side=0):
         # A unit whose parameters were refused is no unused elaboratable worth a warning.
         self._MustUse__silence = True
         self._lanes = check_int("lanes", lanes, 1, LANES_MAX)
         self._ops = _parse_ops(ops)
+        self._side = check_int("side", side, 0, SIDE_MAX)
         self._MustUse__silence = False
         super().__init__({
-            "i_stream": In(stream.Signature(input_layout(self._lanes))),
-            "o_stream": Out(stream.Signature(output_layout(self._lanes))),
+            "i_stream": In(stream.Signature(input_layout(self._lanes, self._side))),
+            "o_stream": Out(stream.Signature(output_layout(self._lanes, self._side))),
         })
 
     @property
@@ -197,6 +218,11 @@ class Fp16Binary(wiring.Component):
         return self._ops
 
     @property
+    def side(self):
+        """Bits of the side band carried beside the lanes (0: none)."""
+        return self._side
+
+    @property
     def latency(self):
         """Cycles from an input transfer to its output being valid, without stalls."""
         return LATENCY
@@ -205,40 +231,76 @@ class Fp16Binary(wiring.Component):
         m = Module()
         lanes = self._lanes
 
-        # --- the enables: the pipeline advances when the output is empty or being read ----
-        # The output valid bit has one copy per lane (equal values, `keep` so that
-        # synthesis does not merge them), and each lane's enable is formed from its own
-        # copy: o_stream.ready reaches one LUT per lane, not thousands of enables.
-        advance = Signal()
+        # --- flow control: output register and skid register ------------------------------
+        # Stages 1 to 5 advance whenever the skid register is empty, so i_stream.ready
+        # and every enable of those stages are flip-flops: o_stream.ready only reaches
+        # the output and skid registers. The output register loads when it is empty or
+        # being read; otherwise the skid register takes stage 6's result, which stops
+        # stages 1 to 5 until the output register has taken it over.
+        skid_valid = Signal()
+        out_valid = Signal()
         m.d.comb += [
-            advance.eq(~self.o_stream.valid | self.o_stream.ready),
-            self.i_stream.ready.eq(advance),
+            self.i_stream.ready.eq(~skid_valid),
+            self.o_stream.valid.eq(out_valid),
         ]
-
         valid = self.i_stream.valid
         for k in range(1, LATENCY):
             v = Signal(name=f"s{k}_valid")
-            with m.If(advance):
+            with m.If(~skid_valid):
                 m.d.sync += v.eq(valid)
             valid = v
-        with m.If(advance):
-            m.d.sync += self.o_stream.valid.eq(valid)
-        lane_advance = []
-        for i in range(lanes):
-            copy = Signal(name=f"o_valid_copy{i}", attrs={"keep": 1})
-            with m.If(advance):
-                m.d.sync += copy.eq(valid)
-            lane_advance.append(Signal(name=f"advance{i}"))
-            m.d.comb += lane_advance[i].eq(~copy | self.o_stream.ready)
+        ready = self.o_stream.ready
+        stalled = out_valid & ~ready                  # the output register stays full
+        skid_next = Signal()
+        out_next = Signal()
+        m.d.comb += [
+            skid_next.eq(Mux(skid_valid, stalled, stalled & valid)),
+            out_next.eq(Mux(skid_valid | stalled, out_valid, valid)),
+        ]
+        m.d.sync += [skid_valid.eq(skid_next), out_valid.eq(out_next)]
 
-        # --- the operation: registered once per lane, decoded in stage 2 -----------------
-        # Stage 1 does not depend on the op, so the op input only feeds one register per
-        # lane (`keep`: copies, not merged), and each lane decodes its own copy. An op
-        # that was not built decodes as ADD: its flag is a constant 0.
+        def hold(name, skid_full, out_full, value):
+            """The output and skid registers of ``value`` as the copies ``skid_full`` and
+            ``out_full`` of the two valid bits see them; returns the output register."""
+            out = Signal.like(value, name=f"{name}_out", reset_less=True)
+            skid = Signal.like(value, name=f"{name}_skid", reset_less=True)
+            # A value loaded while stage 5 is empty is never marked valid: no valid bit
+            # on these enables, which would be one more net to every lane.
+            with m.If(skid_full):
+                with m.If(ready):
+                    m.d.sync += out.eq(skid)
+            with m.Elif(out_full & ~ready):
+                m.d.sync += skid.eq(value)
+            with m.Else():
+                m.d.sync += out.eq(value)
+            return out
+
+        # The side band: registers beside the lanes', on the same (global) enables.
+        if self._side:
+            side = self.i_stream.payload.side
+            for k in range(1, LATENCY):
+                r = Signal(self._side, name=f"s{k}_side", reset_less=True)
+                with m.If(~skid_valid):
+                    m.d.sync += r.eq(side)
+                side = r
+            m.d.comb += self.o_stream.payload.side.eq(
+                hold("side", skid_valid, out_valid, side))
+
+        # --- the lanes ----------------------------------------------------------------------
+        # The two valid bits have one copy per lane (equal values, `keep` so that
+        # synthesis does not merge them), and each lane's registers load on its own
+        # copies: no single net drives the enables of every lane across the die. The op
+        # is registered once per lane (`keep`: copies, not merged) and decoded in stage 2
+        # by each lane from its copy: stage 1 does not depend on it. An op that was not
+        # built decodes as ADD: its flag is a constant 0.
         built = set(self._ops)
         out = self.o_stream.payload
         for i in range(lanes):
-            en = lane_advance[i]
+            skid_c = Signal(name=f"skid_valid_copy{i}", attrs={"keep": 1})
+            out_c = Signal(name=f"o_valid_copy{i}", attrs={"keep": 1})
+            m.d.sync += [skid_c.eq(skid_next), out_c.eq(out_next)]
+            en = Signal(name=f"advance{i}")
+            m.d.comb += en.eq(~skid_c)
 
             def reg(shape, name, value):
                 r = Signal(shape, name=name, reset_less=True)
@@ -257,15 +319,22 @@ class Fp16Binary(wiring.Component):
             ops = (is_op(BinaryOp.MUL, "s1_is_mul"), is_op(BinaryOp.MAX, "s1_is_max"),
                    is_op(BinaryOp.B_SUB_A, "s1_flip_a"),      # b - a = (-a) + b
                    is_op(BinaryOp.A_SUB_B, "s1_flip_b"))      # a - b = a + (-b)
-            self._lane(m, reg, en, i, self.i_stream.payload.a[i],
-                       self.i_stream.payload.b[i], ops, BinaryOp.MUL in built, out)
+            result = self._lane(m, reg, i, self.i_stream.payload.a[i],
+                                self.i_stream.payload.b[i], ops, BinaryOp.MUL in built)
+            held = hold(f"lane{i}", skid_c, out_c, result)
+            m.d.comb += [
+                out.result[i].eq(held[:FP16_BITS]),
+                out.overflow[i].eq(held[FP16_BITS]),
+                out.nan_created[i].eq(held[FP16_BITS + 1]),
+            ]
         return m
 
     @staticmethod
-    def _lane(m, reg, advance, i, a, b, ops, has_mul, out):
+    def _lane(m, reg, i, a, b, ops, has_mul):
         """One lane; ``ops`` are the decode flags (``is_mul``, ``is_max``, ``flip_a``,
         ``flip_b``) of the lane's op register, valid in stage 2; without ``has_mul`` no
-        multiplier is built."""
+        multiplier is built. Returns stage 6's output, 18 bits: the result, then the
+        ``overflow`` and ``nan_created`` flags."""
         def comb(shape, name, value):
             s = Signal(shape, name=f"{name}{i}")
             m.d.comb += s.eq(value)
@@ -432,10 +501,6 @@ class Fp16Binary(wiring.Component):
                           Mux(hidden, s5_field[:FP16_EXP_BITS], 0)) + round_up)
         big = hidden & (s5_field >= _EXP_ALL)
         over = big | packed[FP16_FRAC_BITS:].all()
-        with m.If(advance):
-            m.d.sync += [
-                out.result[i].eq(Mux(s5_special, s5_sbits,
-                                     Cat(Mux(big, _INF_MAG, packed), s5_sign))),
-                out.overflow[i].eq(~s5_special & over),
-                out.nan_created[i].eq(s5_special & s5_invalid),
-            ]
+        return comb(FP16_BITS + 2, "result",
+                    Cat(Mux(s5_special, s5_sbits, Cat(Mux(big, _INF_MAG, packed), s5_sign)),
+                        ~s5_special & over, s5_special & s5_invalid))

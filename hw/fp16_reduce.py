@@ -124,13 +124,15 @@ class Fp16Reduce(wiring.Component):
     * A two-entry result FIFO, then the broadcast register, which repeats the result
       ``L`` times.
 
-    **Cycle behaviour.** The input register and every level (a pipeline of
-    :data:`hw.fp16_arith.LATENCY` registers) advance when their output is empty or being
-    taken, so a stalled level stops the ones before it and bubbles collapse. Every level
-    but the last is followed by a two-register buffer whose ready towards the level is a
-    register; the last feeds the result FIFO, whose ``w_rdy`` is a register too. So the
-    ready logic never spans more than one level, and ``i_stream.ready`` depends
-    combinationally on the first level only, never on ``o_stream.ready``.
+    **Cycle behaviour.** The input register advances when it is empty or being taken,
+    and every level (a pipeline of :data:`hw.fp16_arith.LATENCY` registers with a skid
+    register behind its output) while its skid register is empty, so a stalled level
+    stops the ones before it and bubbles collapse. Every level's ``i_stream.ready`` is a
+    flip-flop; every level but the last is followed by a two-register buffer whose ready
+    towards the level is a register; the last feeds the result FIFO, whose ``w_rdy`` is
+    a register too. So the ready logic never spans more than one level, and
+    ``i_stream.ready`` depends combinationally on the input register and the first
+    level's ready flip-flop only, never on ``o_stream.ready``.
     ``o_stream.valid`` and its payload depend on state only. One native vector is
     accepted per cycle while nothing downstream is stalled, also while earlier results
     are being broadcast: input and output overlap, and the output sends one vector per
@@ -240,25 +242,21 @@ class Fp16Reduce(wiring.Component):
         def level(name, width, valid, a, b, side):
             """``width`` nodes combining ``a[i]`` and ``b[i]``; ``side`` (a view of
             ``side_layout``) travels beside them. Returns ``(node, side out)``."""
-            node = Fp16Binary(lanes=width, ops=(BinaryOp.ADD, BinaryOp.MAX))
+            # The node carries the side band beside the lanes (through its output and
+            # skid registers), so it stays level with the payload under any stall.
+            node = Fp16Binary(lanes=width, ops=(BinaryOp.ADD, BinaryOp.MAX),
+                              side=side_layout.size)
             m.submodules[name] = node
             nodes.append(node)
             payload = node.i_stream.payload
             m.d.comb += [
                 node.i_stream.valid.eq(valid),
                 payload.op.eq(Mux(side.op == ReduceOp.MAX, BinaryOp.MAX, BinaryOp.ADD)),
+                payload.side.eq(side),
             ]
             for i in range(width):
                 m.d.comb += [payload.a[i].eq(a[i]), payload.b[i].eq(b[i])]
-            # Fp16Binary's LATENCY registers all load when its i_stream.ready is high
-            # (its documented global stall), so a shift register with the same enable
-            # keeps the side band level with the payload.
-            for k in range(node.latency):
-                reg = Signal(side_layout, name=f"{name}_side{k + 1}", reset_less=True)
-                with m.If(node.i_stream.ready):
-                    m.d.sync += reg.eq(side)
-                side = reg
-            return node, side
+            return node, data.View(side_layout, node.o_stream.payload.side)
 
         last_level = self._lane_levels + self._vector_levels
 
