@@ -5,7 +5,7 @@ allocation rule and the VRF write payload are defined once in :mod:`host.mfu`. D
 notes, timing and measurements: ``docs/mfu.md``.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -61,26 +61,48 @@ def _check_cfg(cfg):
     return cfg
 
 
-def _skid(m, name, shape, i_valid, i_payload, o_ready):
+def _skid(m, name, shape, i_valid, i_payload, o_ready, copies=1):
     """A two-register stream buffer with a registered ``ready`` and registered outputs.
 
     Takes one item per cycle while ``o_ready`` is high; ``i_ready`` is a flip-flop, so no
-    combinational path runs from ``o_ready`` back to the source. Returns
-    ``(i_ready, o_valid, o_payload)``.
+    combinational path runs from ``o_ready`` back to the source. The payload's bits are
+    cut into ``copies`` (>= 1) slices of nearly equal width, each loading on its own
+    copies of the two valid bits (flip-flops with the ``keep`` attribute, which the
+    place-and-route flow keeps apart), so that no single enable net reaches every bit of
+    a wide payload. Returns ``(i_ready, o_valid, o_payload)``.
     """
     main_valid = Signal(name=f"{name}_valid")
-    main = Signal(shape, name=f"{name}_main", reset_less=True)
     spare_valid = Signal(name=f"{name}_spare_valid")
-    spare = Signal(shape, name=f"{name}_spare", reset_less=True)
     i_ready = Signal(name=f"{name}_ready")
-    m.d.comb += i_ready.eq(~spare_valid)
-    with m.If(o_ready | ~main_valid):
-        with m.If(spare_valid):
-            m.d.sync += [main.eq(spare), main_valid.eq(1), spare_valid.eq(0)]
-        with m.Else():
-            m.d.sync += [main.eq(i_payload), main_valid.eq(i_valid)]
-    with m.Elif(i_valid & ~spare_valid):
-        m.d.sync += [spare.eq(i_payload), spare_valid.eq(1)]
+    main = Signal(shape, name=f"{name}_main", reset_less=True)
+    spare = Signal(shape, name=f"{name}_spare", reset_less=True)
+    # The main register loads when it is empty or being read (from the spare register
+    # if that is full); otherwise an item offered while the spare one is empty is parked.
+    load = o_ready | ~main_valid
+    main_next = Signal(name=f"{name}_valid_next")
+    spare_next = Signal(name=f"{name}_spare_valid_next")
+    m.d.comb += [
+        i_ready.eq(~spare_valid),
+        main_next.eq(Mux(load, spare_valid | i_valid, main_valid)),
+        spare_next.eq(~load & (spare_valid | i_valid)),
+    ]
+    m.d.sync += [main_valid.eq(main_next), spare_valid.eq(spare_next)]
+    width = Shape.cast(shape).width
+    bounds = [width * k // copies for k in range(copies + 1)]
+    for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        if copies == 1:
+            main_c, spare_c = main_valid, spare_valid
+        else:
+            main_c = Signal(name=f"{name}_valid_copy{k}", attrs={"keep": 1})
+            spare_c = Signal(name=f"{name}_spare_valid_copy{k}", attrs={"keep": 1})
+            m.d.sync += [main_c.eq(main_next), spare_c.eq(spare_next)]
+        # What a slice loads while its item is not valid is never marked valid.
+        main_bits, spare_bits = main.as_value()[lo:hi], spare.as_value()[lo:hi]
+        in_bits = Value.cast(i_payload)[lo:hi]
+        with m.If(o_ready | ~main_c):
+            m.d.sync += main_bits.eq(Mux(spare_c, spare_bits, in_bits))
+        with m.Elif(~spare_c):
+            m.d.sync += spare_bits.eq(in_bits)
     return i_ready, main_valid, main
 
 
@@ -316,8 +338,9 @@ class Mfu(_Configured):
                         m.d.sync += count.eq(Mux(last, 0, count + 1))
                     with m.If(self.start):
                         m.d.sync += count.eq(0)
+            # One copy of the buffer's control per lane's worth of payload bits.
             i_ready, b_valid, b_payload = _skid(m, f"{name}_buf", payload.shape(), valid,
-                                                payload, inp.ready)
+                                                payload, inp.ready, copies=cfg.n)
             m.d.comb += [buf_ready.eq(i_ready), inp.valid.eq(b_valid),
                          inp.payload.eq(b_payload)]
 
