@@ -39,7 +39,14 @@ SIMULATORS = ("verilator", "icarus")
 # Amaranth's Verilog trips Verilator's width lint (see SPEC section 7). These are build
 # options only; passing them at run time would be an error.
 VERILATOR_BUILD_ARGS = ("-Wno-WIDTH", "-Wno-fatal")
-ICARUS_BUILD_ARGS: tuple[str, ...] = ()
+# cocotb's runner compiles with -g2012; a later -g2005 wins. Under SystemVerilog rules a
+# declaration initializer sets its variable before time 0 without an event, so the
+# trigger Yosys puts in every `always @*` it writes (`reg init = 0; ... if (init)`) never
+# fires, and a combinational block whose inputs keep their initial values is never run:
+# its outputs stay X (Verilator has no X and shows 0). Such an X in the NPU core's writer
+# (`retire`) made a random program hang on Icarus only (docs/setup.md). Amaranth's
+# Verilog is Verilog-2005, so nothing is lost.
+ICARUS_BUILD_ARGS: tuple[str, ...] = ("-g2005",)
 # Amaranth emits no `timescale; both simulators get the same default so that cocotb's
 # `Clock(..., unit="ns")` means the same thing everywhere (Icarus needs one anyway).
 TIMESCALE = ("1ns", "1ps")

@@ -5,7 +5,7 @@ ports) so that a failure here means the flow is broken, not the design. The coco
 side is ``sim/test_smoke.py``.
 """
 
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -48,3 +48,27 @@ def test_smoke(simulator):
         simulator=simulator,
         extra_env={"SMOKE_WIDTH": str(WIDTH)},
     )
+
+
+class Time0Comb(wiring.Component):
+    """``o`` is ``0b1010`` from time 0 on: a combinational assignment under a condition
+    whose input (a register) keeps its initial value for ever, so no input of the
+    generated ``always @*`` block ever changes. Only its time-0 trigger runs it."""
+
+    def __init__(self):
+        super().__init__({"o": Out(4)})
+
+    def elaborate(self, platform):
+        m = Module()
+        held = Signal(init=1)
+        m.d.sync += held.eq(held)
+        with m.If(held):
+            m.d.comb += self.o.eq(0b1010)
+        return m
+
+
+def test_comb_blocks_run_at_time_zero(simulator):
+    """Under cocotb's default Icarus flags (``-g2012``) ``o`` stays X: the regression
+    test of ``sim.runner.ICARUS_BUILD_ARGS`` (``docs/setup.md``)."""
+    run_cocotb(name="time0_comb", component=Time0Comb(), test_module="sim.test_time0",
+               simulator=simulator)
