@@ -36,11 +36,8 @@ IN_FLIGHT = 4
 HOST_ADDR_BITS = 24
 #: Width of the address field of the program-write port (program_depth <= 2**20).
 PROGRAM_ADDR_BITS = 20
-#: Width of ITERATIONS (1 .. 2**16).
-_ITER_BITS = 17
 _INC_BITS = 16
 _OPERAND_BITS = 32
-_PITCH_BITS = 24
 
 
 def vector_layout(config: NpuConfig) -> data.ArrayLayout:
@@ -73,6 +70,16 @@ def _count_bits(config):
     return bits_for(max(config.max_col_tiles, config.max_length, config.n))
 
 
+def _iter_bits(config):
+    """Width of an iteration count: ITERATIONS's range (``host.isa.register_limits``)."""
+    return bits_for(register_limits(config)[Reg.ITERATIONS][1])
+
+
+def _pitch_bits(config):
+    """Width of a window row pitch: WIN_PITCH's range."""
+    return bits_for(register_limits(config)[Reg.WIN_PITCH][1])
+
+
 def _chain_layout(config: NpuConfig) -> data.StructLayout:
     """A checked chain, handed from the checker to the issuer (addresses of iteration 0)."""
     a = _vaddr_bits(config)
@@ -83,12 +90,12 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
         "has_mv": unsigned(1), "mv_slot": unsigned(TileEngine.slot_bits(config.mvm)),
         "mv_inc": unsigned(_INC_BITS),
         "pix": unsigned(_count_bits(config)), "win_w": unsigned(_count_bits(config)),
-        "win_h": unsigned(_count_bits(config)), "pitch": unsigned(_PITCH_BITS),
+        "win_h": unsigned(_count_bits(config)), "pitch": unsigned(_pitch_bits(config)),
         "lanes_cols": unsigned(bits_for(config.n)),
         "cols": unsigned(_count_bits(config)), "c_in": unsigned(_count_bits(config)),
         "extent": unsigned(a + 1),
         "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
-        "iters": unsigned(_ITER_BITS),
+        "iters": unsigned(_iter_bits(config)),
         "rounding": Rounding, "static": unsigned(1), "q_exponent": unsigned(8),
         "narrow": unsigned(7),
         "mfu": data.ArrayLayout(mfu_layout(mfu), config.mfus),
@@ -105,7 +112,7 @@ def _reader_layout(config):
     cb = _count_bits(config)
     return data.StructLayout({
         "space": Space, "base": unsigned(a), "pix": unsigned(cb), "win_w": unsigned(cb),
-        "win_h": unsigned(cb), "pitch": unsigned(_PITCH_BITS),
+        "win_h": unsigned(cb), "pitch": unsigned(_pitch_bits(config)),
         "lanes_cols": unsigned(bits_for(config.n)), "to_mvm": unsigned(1),
     })
 
@@ -561,7 +568,7 @@ class NpuCore(wiring.Component):
         m.d.comb += cols_t.eq(pix * win_w * win_h)
         groups = Signal(range(c.max_col_tiles + 1))
         m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
-        last_iter = Signal(_ITER_BITS)
+        last_iter = Signal(_iter_bits(c))
         m.d.comb += last_iter.eq(iters - 1)
         c_in = Signal(cols_t.shape())
         m.d.comb += c_in.eq(Mux(has_mv, cols_t, length))
@@ -617,7 +624,7 @@ class NpuCore(wiring.Component):
         hz_s = Signal(signed(18))
         hz_lo = Signal(signed(12))
         hz_hi = Signal(signed(12))
-        hz_i = Signal(_ITER_BITS)
+        hz_i = Signal(_iter_bits(c))
         # The lowest pending pair: its difference, step and interval.
         pick_d = Signal(signed(40))
         pick_s = Signal(signed(18))
@@ -849,7 +856,7 @@ class NpuCore(wiring.Component):
         # =============================================================================
         cur = Signal(_chain_layout(c))
         cur_valid = Signal()
-        left = Signal(_ITER_BITS)
+        left = Signal(_iter_bits(c))
         it_rd = Signal(a_bits)
         it_mv = Signal(TileEngine.slot_bits(c.mvm))
         it_vv = [Signal(mcfg.addr_bits, name=f"it_vv{k}") for k in range(vrfs)]
@@ -963,8 +970,8 @@ class NpuCore(wiring.Component):
         r_k = Signal(_count_bits(c))
         r_x = Signal(_count_bits(c))
         r_y = Signal(_count_bits(c))
-        r_row = Signal(a_bits + _PITCH_BITS)
-        r_pixel = Signal(a_bits + _PITCH_BITS)
+        r_row = Signal(a_bits + _pitch_bits(c))
+        r_pixel = Signal(a_bits + _pitch_bits(c))
         r_cfg = Signal(_reader_layout(c))
         p_valid = Signal()            # a vector arrives in the buffer next cycle
         p_netq = Signal()
