@@ -4,10 +4,13 @@ An Amaranth stream port ``name`` appears in the generated Verilog as ``name__val
 ``name__ready`` and ``name__payload`` (the payload flattened to one vector, its first
 field in the low bits). Use :func:`stream_signals` to fetch the three handles.
 
-* :class:`StreamSource` drives ``valid``/``payload``, optionally with idle cycles.
+* :class:`StreamSource` drives ``valid``/``payload``, optionally with idle cycles and
+  with side-band inputs that change with each item.
 * :class:`StreamSink` drives ``ready``: always high, or randomly low (back-pressure).
 * :class:`StreamMonitor` records every transfer and checks the stream rules (``valid``
   held and the payload stable until taken).
+
+Timeouts are counted in clock cycles; a model stuck past one raises ``AssertionError``.
 
 Every random choice comes from a ``random.Random(seed)`` owned by the model, so a run is
 reproducible from the test's seed.
@@ -34,11 +37,18 @@ class StreamSource:
     """Drives ``valid``/``payload`` of an Amaranth stream; optional idle cycles.
 
     ``valid`` is held with a stable payload until the DUT takes the item; idle cycles
-    only come between items.
+    only come between items (each cycle between items is idle with ``idle_prob``).
+
+    ``sideband``: handles of plain DUT inputs that travel with the items (settings
+    sampled with the payload, outside the stream's payload). With a side band, every
+    item is a tuple ``(payload, side_0, side_1, ...)``, one value per handle; each value
+    is written when its item is offered (only when it changes, to save simulator calls)
+    and then kept until a later item changes it.
     """
 
-    def __init__(self, clk, valid, ready, payload, idle_prob=0.0, seed=0):
+    def __init__(self, clk, valid, ready, payload, idle_prob=0.0, seed=0, sideband=()):
         self.clk, self.valid, self.ready, self.payload = clk, valid, ready, payload
+        self.sideband = list(sideband)
         self.idle_prob = idle_prob
         self.rand = random.Random(seed)
         self.queue = collections.deque()
@@ -56,9 +66,25 @@ class StreamSource:
     def idle(self):
         return not self.queue and (self._task is None or self._task.done())
 
+    async def drained(self, timeout_cycles=200000):
+        """Return once every queued item has been taken (:attr:`idle`).
+
+        :raises AssertionError: if items are still queued after ``timeout_cycles``
+            clock cycles.
+        """
+        edge = RisingEdge(self.clk)
+        for _ in range(timeout_cycles):
+            if self.idle:
+                return
+            await edge
+        raise AssertionError(f"stream source stuck with {len(self.queue)} items queued "
+                             f"after {timeout_cycles} cycles")
+
     async def _run(self):
         edge = RisingEdge(self.clk)
         queue, rand, idle_prob = self.queue, self.rand.random, self.idle_prob
+        sideband = self.sideband
+        side_now = [None] * len(sideband)
         offering = False
         self.valid.value = 0
         while True:
@@ -75,7 +101,14 @@ class StreamSource:
                 if idle_prob and rand() < idle_prob:
                     self.valid.value = 0
                     continue
-                self.payload.value = queue.popleft()
+                item = queue.popleft()
+                if sideband:
+                    for i, (handle, value) in enumerate(zip(sideband, item[1:])):
+                        if side_now[i] != value:
+                            handle.value = value
+                            side_now[i] = value
+                    item = item[0]
+                self.payload.value = item
                 self.valid.value = 1
                 offering = True
 
@@ -89,13 +122,20 @@ class StreamSink:
         self.rand = random.Random(seed)
         self.held = False
         self.ready.value = 1
-        if backpressure_prob:
-            cocotb.start_soon(self._run())
+        self._task = cocotb.start_soon(self._run()) if backpressure_prob else None
 
     def hold(self, held: bool) -> None:
         """Hold ``ready`` low (``True``) until released (``False``)."""
         self.held = held
         self.ready.value = int(not held and not self.prob)
+
+    def stop(self) -> None:
+        """End the back-pressure for good: ``ready`` stays 1 from now on."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.held = False
+        self.ready.value = 1
 
     async def _run(self):
         edge = RisingEdge(self.clk)
@@ -120,17 +160,25 @@ class StreamMonitor:
         self._reached = Event()
         cocotb.start_soon(self._run())
 
-    async def wait_for(self, count, period_ns):
+    async def wait_for(self, count, period_ns, timeout_cycles=None):
+        """Return once ``count`` transfers in all have been seen.
+
+        ``period_ns``: the clock period. ``timeout_cycles``: how long to wait, in clock
+        cycles (default 10 per missing transfer plus 1000).
+
+        :raises AssertionError: if the transfers have not all come by then.
+        """
         missing = count - len(self.items)
         if missing > 0:
             self._target = count
             self._reached.clear()
+            if timeout_cycles is None:
+                timeout_cycles = 10 * missing + 1000
             try:
-                await with_timeout(self._reached.wait(), (10 * missing + 1000) * period_ns,
-                                   "ns")
+                await with_timeout(self._reached.wait(), timeout_cycles * period_ns, "ns")
             except SimTimeoutError:
-                raise AssertionError(f"stream stuck: {len(self.items)} of {count} "
-                                     f"transfers seen") from None
+                raise AssertionError(f"{self.name} stuck: {len(self.items)} of {count} "
+                                     f"transfers seen in {timeout_cycles} cycles") from None
 
     async def _run(self):
         edge = RisingEdge(self.clk)
@@ -142,14 +190,14 @@ class StreamMonitor:
             if not self.valid.value:
                 assert held is None, (
                     f"cycle {self.cycle}: {self.name}.valid dropped before its payload "
-                    f"was accepted")
+                    f"{held:#x} was accepted")
                 continue
             word = self.payload.value.to_unsigned()
             if held is not None:
                 self.stall_checks += 1
                 assert word == held, (
-                    f"cycle {self.cycle}: {self.name}.payload changed while valid and not "
-                    f"ready")
+                    f"cycle {self.cycle}: {self.name}.payload changed from {held:#x} to "
+                    f"{word:#x} while valid and not ready")
             if self.ready.value:
                 items.append(word)
                 cycles.append(self.cycle)

@@ -11,7 +11,8 @@ compared, in order, with a reference:
 * ``test_latency``: the documented latency and one vector per cycle.
 
 The conformance and model tests run with and without random input gaps and output
-back-pressure; the sink checks that a stalled output holds its payload.
+back-pressure; monitors on both streams (``sim.stream``) check that a stalled payload
+holds until taken.
 
 Parameters come from the environment (set by the pytest wrapper):
 ``FP16C_LANES``, ``FP16C_WIDTH``, ``FP16C_LSB``, ``FP16C_ROUNDING`` (``nearest-even`` /
@@ -25,15 +26,15 @@ from __future__ import annotations
 import gzip
 import os
 import random
-from collections import deque
 
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from host.formats import FP16_FRAC_BITS, FP16_MAX_BITS, FP16_MAX_EXP, FP16_MIN_EXP
 from host.numerics import fixed_to_fp16
+from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 LANES = int(os.environ.get("FP16C_LANES", "4"))
 WIDTH = int(os.environ.get("FP16C_WIDTH", "32"))
@@ -51,6 +52,10 @@ A_MASK = (1 << WIDTH) - 1
 INF_BITS = 0x7C00
 #: Model calls are made this many values at a time.
 BATCH = 4096
+CLOCK_NS = 10
+#: Probability of an idle input cycle / of a back-pressured output cycle with stalls.
+IDLE_PROB = 0.3
+BACKPRESSURE_PROB = 0.4
 
 
 # --- stimulus ------------------------------------------------------------------------------
@@ -182,124 +187,58 @@ def unpack_output(word: int) -> tuple[list[int], list[int]]:
     return bits, over
 
 
-class StreamSource:
-    """Drives ``i_stream``: a word is offered and held until taken; random gaps between."""
-
-    def __init__(self, dut, rng: random.Random, idle: float):
-        self._clk = dut.clk
-        self._valid = dut.i_stream__valid
-        self._ready = dut.i_stream__ready
-        self._payload = dut.i_stream__payload
-        self._rng = rng
-        self._idle = idle
-        self.accept_cycles: list[int] = []
-
-    async def send(self, words: list[int], cycle_counter) -> None:
-        pending = deque(words)
-        offering = False
-        while pending:
-            await RisingEdge(self._clk)
-            if not offering and self._rng.random() >= self._idle:
-                self._payload.value = pending[0]
-                offering = True
-            self._valid.value = int(offering)
-            await ReadOnly()
-            if offering and self._ready.value == 1:
-                pending.popleft()
-                offering = False
-                self.accept_cycles.append(cycle_counter())
-        await RisingEdge(self._clk)
-        self._valid.value = 0
-
-
-class StreamSink:
-    """Takes ``o_stream`` words with random back-pressure; checks held payloads."""
-
-    def __init__(self, dut, rng: random.Random, busy: float):
-        self._clk = dut.clk
-        self._valid = dut.o_stream__valid
-        self._ready = dut.o_stream__ready
-        self._payload = dut.o_stream__payload
-        self._rng = rng
-        self._busy = busy
-        self.words: list[int] = []
-        self.cycles: list[int] = []
-        self.stalls = 0
-
-    async def receive(self, count: int, max_cycles: int, cycle_counter) -> None:
-        held = None                       # payload seen with valid and not ready
-        for _ in range(max_cycles):
-            if len(self.words) == count:
-                break
-            await RisingEdge(self._clk)
-            ready = int(self._rng.random() >= self._busy)
-            self._ready.value = ready
-            await ReadOnly()
-            valid = self._valid.value == 1
-            if held is not None:
-                assert valid, "o_stream.valid dropped before the transfer"
-                word = int(self._payload.value)
-                assert word == held, (
-                    f"o_stream payload changed under back-pressure: {held:#x} -> {word:#x}")
-            if valid:
-                word = int(self._payload.value)
-                if ready:
-                    self.words.append(word)
-                    self.cycles.append(cycle_counter())
-                    held = None
-                else:
-                    held = word
-                    self.stalls += 1
-        assert len(self.words) == count, (
-            f"stalled: {len(self.words)} of {count} outputs in {max_cycles} cycles")
-        # Nothing more may come out.
-        await RisingEdge(self._clk)
-        self._ready.value = 1
-        for _ in range(LATENCY + 2):
-            await ReadOnly()
-            assert self._valid.value == 0, "o_stream produced more outputs than inputs"
-            await RisingEdge(self._clk)
-
-
 class TB:
-    """Clock, reset, a stream source and sink, and the comparison with expectations."""
+    """Clock, reset, a stream source and sink, monitors on both streams, and the
+    comparison with expectations."""
 
     def __init__(self, dut, stalls: bool):
         self.dut = dut
+        self.stalls = stalls
         self.rng = random.Random(random.getrandbits(64))
-        self.source = StreamSource(dut, self.rng, idle=0.3 if stalls else 0.0)
-        self.sink = StreamSink(dut, self.rng, busy=0.4 if stalls else 0.0)
-        self.cycle = 0
-
-    async def _count(self):
-        while True:
-            await RisingEdge(self.dut.clk)
-            self.cycle += 1
+        self.source = self.sink = self.inputs = self.outputs = None
 
     async def start(self):
-        Clock(self.dut.clk, 10, unit="ns").start()
-        self.dut.rst.value = 1                   # synchronous, active high
-        self.dut.i_stream__valid.value = 0
-        self.dut.o_stream__ready.value = 0
+        """Start the clock and reset; then start the bus models (the monitors count
+        cycles from the same edge, so their cycle numbers compare)."""
+        dut = self.dut
+        Clock(dut.clk, CLOCK_NS, unit="ns").start()
+        dut.rst.value = 1                        # synchronous, active high
+        dut.i_stream__valid.value = 0
+        dut.o_stream__ready.value = 0
         for _ in range(3):
-            await RisingEdge(self.dut.clk)
-        self.dut.rst.value = 0
-        cocotb.start_soon(self._count())
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        self.source = StreamSource(dut.clk, *stream_signals(dut, "i_stream"),
+                                   idle_prob=IDLE_PROB if self.stalls else 0.0,
+                                   seed=self.rng.getrandbits(32))
+        self.sink = StreamSink(dut.clk, dut.o_stream__ready,
+                               backpressure_prob=BACKPRESSURE_PROB if self.stalls else 0.0,
+                               seed=self.rng.getrandbits(32))
+        self.inputs = StreamMonitor(dut.clk, *stream_signals(dut, "i_stream"), "i_stream")
+        self.outputs = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
 
     async def run(self, values: list[int]) -> list[tuple[int, int]]:
-        """Send ``values`` (padded with zeros to whole vectors); return (bits, overflow)."""
+        """Send ``values`` (padded with zeros to whole vectors); return (bits, overflow).
+
+        :raises AssertionError: if the outputs do not all come within ``20 * vectors +
+            100`` cycles, or if ``o_stream`` is valid again in the ``LATENCY + 2``
+            cycles after the last expected output.
+        """
         n_vec = -(-len(values) // LANES)
         values = values + [0] * (n_vec * LANES - len(values))
         words = [pack_lanes(values[i:i + LANES]) for i in range(0, len(values), LANES)]
-        self.source.accept_cycles.clear()
-        self.sink.words.clear()
-        self.sink.cycles.clear()
-        recv = cocotb.start_soon(
-            self.sink.receive(n_vec, 20 * n_vec + 100, lambda: self.cycle))
-        await self.source.send(words, lambda: self.cycle)
-        await recv
+        first = len(self.outputs.items)
+        self.source.send(words)
+        await self.outputs.wait_for(first + n_vec, CLOCK_NS, timeout_cycles=20 * n_vec + 100)
+        # Nothing more may come out. (A read just after an edge sees what the edge
+        # sampled: this is o_stream.valid during the cycles after the last transfer.)
+        for _ in range(LATENCY + 2):
+            await RisingEdge(self.dut.clk)
+            assert not self.dut.o_stream__valid.value, (
+                "o_stream produced more outputs than inputs")
+        assert len(self.inputs.items) == len(self.outputs.items)
         got = []
-        for word in self.sink.words:
+        for word in self.outputs.items[first:]:
             bits, over = unpack_output(word)
             got += list(zip(bits, over))
         return got
@@ -314,9 +253,11 @@ class TB:
                 "%s: input %d (%#x) lane %d: got bits %#06x overflow %d, expected %#06x %d",
                 what, values[i], values[i] & A_MASK, i % LANES, got[i][0], got[i][1],
                 exp_bits[i], exp_over[i])
-        self.dut._log.info("%s: %d values, %d mismatches, %d output stalls", what,
-                           len(values), len(bad), self.sink.stalls)
+        self.dut._log.info("%s: %d values, %d mismatches, %d output stall checks", what,
+                           len(values), len(bad), self.outputs.stall_checks)
         assert not bad, f"{what}: {len(bad)} of {len(values)} outputs differ"
+        if self.stalls:
+            assert self.outputs.stall_checks > 0, f"{what}: no back-pressured output cycle"
 
 
 @cocotb.test()
@@ -329,7 +270,7 @@ async def test_latency(dut):
     got = await tb.run(values)
     exp_bits, exp_over = model(values)
     tb.check(values, got, exp_bits, exp_over, "latency burst")
-    acc, out = tb.source.accept_cycles, tb.sink.cycles
+    acc, out = tb.inputs.cycles, tb.outputs.cycles
     assert all(b - a == 1 for a, b in zip(acc, acc[1:])), "input not accepted every cycle"
     lat = [o - a for a, o in zip(acc, out)]
     assert set(lat) == {LATENCY}, f"latency {sorted(set(lat))}, documented {LATENCY}"
