@@ -22,7 +22,6 @@ Parameters come from the environment (set by ``tests/test_quantizer_hw.py``):
 
 from __future__ import annotations
 
-import collections
 import os
 import random
 import time
@@ -31,10 +30,11 @@ import numpy as np
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Event, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import ClockCycles, RisingEdge
 
 from host.formats import E8M0_BIAS, FP16_MAX_BITS, Rounding, block_bits, mantissa_max
 from host.numerics import quantize_fp16
+from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 #: Probability of an idle input cycle / of a back-pressured output cycle with stalls.
 IDLE_PROB = 0.3
@@ -194,141 +194,6 @@ class Stimulus:
         return np.clip(codes, 0, 255).astype(np.int64)
 
 
-# --- bus models -------------------------------------------------------------------------
-
-class StreamSource:
-    """Drives an Amaranth stream plus per-item sideband inputs; optional idle cycles.
-
-    Items are ``(payload, sideband...)`` integers. ``valid`` is held, with the payload
-    stable, until the DUT takes the item; idle cycles are only inserted between items.
-    """
-
-    def __init__(self, clk, valid, ready, payload, sideband, idle_prob=0.0, seed=0):
-        self.clk, self.valid, self.ready, self.payload = clk, valid, ready, payload
-        self.sideband = sideband
-        self.idle_prob = idle_prob
-        self.rand = random.Random(seed)
-        self.queue = collections.deque()
-        self.sent = 0
-        self._task = None
-
-    def send(self, items):
-        self.queue.extend(items)
-        if self._task is None or self._task.done():
-            self._task = cocotb.start_soon(self._run())
-
-    @property
-    def idle(self):
-        return not self.queue and (self._task is None or self._task.done())
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        queue, rand, idle_prob = self.queue, self.rand.random, self.idle_prob
-        side_now = [None] * len(self.sideband)
-        offering = False
-        self.valid.value = 0
-        while True:
-            await edge
-            # Values read here are the ones the edge sampled (writes land after it).
-            if offering and self.ready.value:
-                self.sent += 1
-                offering = False
-            if not offering:
-                if not queue:
-                    self.valid.value = 0
-                    return
-                if idle_prob and rand() < idle_prob:
-                    self.valid.value = 0
-                    continue
-                item = queue.popleft()
-                self.payload.value = item[0]
-                for i, (handle, value) in enumerate(zip(self.sideband, item[1:])):
-                    if side_now[i] != value:
-                        handle.value = value
-                        side_now[i] = value
-                self.valid.value = 1
-                offering = True
-
-
-class StreamSink:
-    """Drives ``ready`` of a stream: always 1, or randomly low (back-pressure)."""
-
-    def __init__(self, clk, ready, backpressure_prob=0.0, seed=0):
-        self.clk, self.ready = clk, ready
-        self.prob = backpressure_prob
-        self.rand = random.Random(seed)
-
-    def start(self):
-        self.ready.value = 1
-        if self.prob:
-            cocotb.start_soon(self._run())
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        rand, prob, ready = self.rand.random, self.prob, self.ready
-        while True:
-            ready.value = int(rand() >= prob)
-            await edge
-
-
-class StreamMonitor:
-    """Records every transfer of a stream as one integer, and checks the protocol:
-    while ``valid & ~ready``, ``valid`` must stay high and the payload must not change."""
-
-    def __init__(self, clk, valid, ready, payload):
-        self.clk, self.valid, self.ready, self.payload = clk, valid, ready, payload
-        self.items: list[int] = []
-        self.cycle = 0
-        self.stall_checks = 0
-        self._target = None
-        self._reached = Event()
-
-    def start(self):
-        cocotb.start_soon(self._run())
-
-    async def wait_for(self, count, period_ns):
-        """Return once ``count`` transfers have been seen; fail if the stream stops.
-
-        Allows 10 cycles per missing transfer (stalls slow it to about 2).
-        """
-        missing = count - len(self.items)
-        if missing > 0:
-            self._target = count
-            self._reached.clear()
-            try:
-                await with_timeout(self._reached.wait(), (10 * missing + 1000) * period_ns,
-                                   "ns")
-            except SimTimeoutError:
-                raise AssertionError(f"stream stuck: {len(self.items)} of {count} "
-                                     f"transfers seen") from None
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        items = self.items
-        held = None                              # payload seen valid and not taken
-        while True:
-            await edge
-            self.cycle += 1
-            if not self.valid.value:
-                assert held is None, (
-                    f"cycle {self.cycle}: o_stream.valid dropped before its payload "
-                    f"{held:#x} was accepted")
-                continue
-            word = self.payload.value.to_unsigned()
-            if held is not None:
-                self.stall_checks += 1
-                assert word == held, (
-                    f"cycle {self.cycle}: o_stream.payload changed from {held:#x} to "
-                    f"{word:#x} while valid and not ready")
-            if self.ready.value:
-                items.append(word)
-                held = None
-                if len(items) == self._target:
-                    self._reached.set()
-            else:
-                held = word
-
-
 class CounterChecker:
     """Checks ``saturations``/``nonfinite`` every cycle against the model's running sums.
 
@@ -382,15 +247,14 @@ class TB:
         self.o_valid, self.o_ready = dut.o_stream__valid, dut.o_stream__ready
         self.saturations, self.nonfinite, self.clear = (
             dut.saturations, dut.nonfinite, dut.clear)
+        self.stalls, self.seed = stalls, seed
         Clock(dut.clk, CLOCK_NS, unit="ns").start()
+        # The rounding / static / static_exponent inputs travel with each vector.
         self.source = StreamSource(
-            dut.clk, dut.i_stream__valid, dut.i_stream__ready, dut.i_stream__payload,
-            [dut.rounding, dut.static, dut.static_exponent],
-            idle_prob=IDLE_PROB if stalls else 0.0, seed=seed + 1)
-        self.sink = StreamSink(dut.clk, self.o_ready,
-                               BACKPRESSURE_PROB if stalls else 0.0, seed=seed + 2)
-        self.monitor = StreamMonitor(dut.clk, self.o_valid, self.o_ready,
-                                     dut.o_stream__payload)
+            dut.clk, *stream_signals(dut, "i_stream"),
+            idle_prob=IDLE_PROB if stalls else 0.0, seed=seed + 1,
+            sideband=[dut.rounding, dut.static, dut.static_exponent])
+        self.sink = self.monitor = None            # started by reset()
         self.inputs = []                           # (bits, rounding, static, code) batches
 
     async def reset(self):
@@ -408,8 +272,11 @@ class TB:
         assert not self.o_valid.value, "o_stream.valid high after reset"
         assert self.saturations.value.to_unsigned() == 0
         assert self.nonfinite.value.to_unsigned() == 0
-        self.sink.start()
-        self.monitor.start()
+        # Started only now: they act from the first cycle on, and the monitor must not
+        # sample o_stream during reset.
+        self.sink = StreamSink(dut.clk, self.o_ready,
+                               BACKPRESSURE_PROB if self.stalls else 0.0, seed=self.seed + 2)
+        self.monitor = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
 
     def send(self, bits, rounding, static, code):
         """Queue vectors ``bits (V, n)`` with per-vector settings (arrays or scalars)."""
