@@ -19,7 +19,6 @@ counters, to be compared across builds; the test skips itself without it) and
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -30,8 +29,7 @@ import numpy as np
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Event, RisingEdge, SimTimeoutError, with_timeout
-from cocotb.utils import get_sim_time
+from cocotb.triggers import ClockCycles, RisingEdge
 
 from host import bfp
 from host.config import MvmConfig
@@ -41,6 +39,7 @@ from hw.mvm import (
     EXPONENT_CODE_MAX, command_layout, latency, mrf_address_layout, mrf_word_layout,
     weight_row_layout,
 )
+from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 CLOCK_NS = 10
 IDLE_PROB = 0.3
@@ -61,10 +60,6 @@ def build_config() -> MvmConfig:
         max_col_tiles=int(env.get("MVM_MAX_COL_TILES", "8")),
         counter_bits=int(env.get("MVM_COUNTER_BITS", "32")),
     )
-
-
-def cycle_now() -> int:
-    return int(get_sim_time("ns")) // CLOCK_NS
 
 
 # --- payload packing -------------------------------------------------------------------
@@ -94,132 +89,6 @@ def block_words(t: bfp.BfpTensor) -> np.ndarray:
     raw = bfp.pack(t).reshape(-1, nbytes)
     words = np.array([int.from_bytes(r.tobytes(), "little") for r in raw], dtype=object)
     return words.reshape(t.exponents.shape)
-
-
-# --- bus models ---------------------------------------------------------------------------
-
-class StreamSource:
-    """Drives a stream with queued integer payloads; optional idle cycles between items.
-    Records the cycle of every transfer."""
-
-    def __init__(self, clk, bus, idle_prob=0.0, seed=0):
-        self.clk = clk
-        self.valid, self.ready, self.payload = bus
-        self.idle_prob = idle_prob
-        self.rand = random.Random(seed)
-        self.queue = collections.deque()
-        self.sent = 0
-        self.cycles: list[int] = []
-        self._task = None
-        self.valid.value = 0
-
-    def send(self, items):
-        self.queue.extend(items)
-        if self._task is None or self._task.done():
-            self._task = cocotb.start_soon(self._run())
-
-    @property
-    def idle(self):
-        return not self.queue and (self._task is None or self._task.done())
-
-    async def drained(self, limit_cycles=200000):
-        edge = RisingEdge(self.clk)
-        for _ in range(limit_cycles):
-            if self.idle:
-                return
-            await edge
-        raise AssertionError(f"stream source stuck with {len(self.queue)} items queued")
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        queue, rand, idle_prob = self.queue, self.rand.random, self.idle_prob
-        offering = False
-        while True:
-            await edge
-            if offering and self.ready.value:
-                self.sent += 1
-                self.cycles.append(cycle_now())
-                offering = False
-            if not offering:
-                if not queue:
-                    self.valid.value = 0
-                    return
-                if idle_prob and rand() < idle_prob:
-                    self.valid.value = 0
-                    continue
-                self.payload.value = queue.popleft()
-                self.valid.value = 1
-                offering = True
-
-
-class StreamSink:
-    """Drives ``ready``: always 1, or randomly low (back-pressure)."""
-
-    def __init__(self, clk, ready, prob=0.0, seed=0):
-        self.clk, self.ready, self.prob = clk, ready, prob
-        self.rand = random.Random(seed)
-        self.ready.value = 1
-        self._task = cocotb.start_soon(self._run()) if prob else None
-
-    def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-        self.ready.value = 1
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        rand, prob, ready = self.rand.random, self.prob, self.ready
-        while True:
-            ready.value = int(rand() >= prob)
-            await edge
-
-
-class StreamMonitor:
-    """Records every transfer (payload integer and cycle); checks that a payload offered
-    and not taken stays valid and unchanged."""
-
-    def __init__(self, clk, bus, name):
-        self.clk = clk
-        self.valid, self.ready, self.payload = bus
-        self.name = name
-        self.items: list[int] = []
-        self.cycles: list[int] = []
-        self._target = None
-        self._reached = Event()
-        cocotb.start_soon(self._run())
-
-    async def wait_for(self, count, timeout_cycles=None):
-        missing = count - len(self.items)
-        if missing <= 0:
-            return
-        self._target = count
-        self._reached.clear()
-        timeout = timeout_cycles or (40 * missing + 3000)
-        try:
-            await with_timeout(self._reached.wait(), timeout * CLOCK_NS, "ns")
-        except SimTimeoutError:
-            raise AssertionError(f"{self.name} stuck: {len(self.items)} of {count} "
-                                 f"transfers seen") from None
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        held = None
-        while True:
-            await edge
-            if not self.valid.value:
-                assert held is None, f"{self.name}: valid dropped before transfer"
-                continue
-            word = self.payload.value.to_unsigned()
-            if held is not None:
-                assert word == held, f"{self.name}: payload changed while stalled"
-            if self.ready.value:
-                self.items.append(word)
-                self.cycles.append(cycle_now())
-                held = None
-                if len(self.items) == self._target:
-                    self._reached.set()
-            else:
-                held = word
 
 
 # --- stimulus --------------------------------------------------------------------------
@@ -325,22 +194,20 @@ class TB:
         Clock(dut.clk, CLOCK_NS, unit="ns").start()
         idle = IDLE_PROB if stalls else 0.0
         s = self.seed
-
-        def bus(name):
-            return (getattr(dut, f"{name}__valid"), getattr(dut, f"{name}__ready"),
-                    getattr(dut, f"{name}__payload"))
-
-        self.cmd = StreamSource(dut.clk, bus("cmd"), idle, s + 1)
-        self.x = StreamSource(dut.clk, bus("x_stream"), idle, s + 2)
-        self.w = StreamSource(dut.clk, bus("w_stream"), idle, s + 3)
-        self.mrf_w = StreamSource(dut.clk, bus("mrf_w"), idle, s + 4)
-        self.rreq = StreamSource(dut.clk, bus("mrf_r_req"), idle, s + 5)
+        sources = []
+        for k, name in enumerate(("cmd", "x_stream", "w_stream", "mrf_w", "mrf_r_req"), 1):
+            getattr(dut, f"{name}__valid").value = 0      # the sources drive it from send()
+            sources.append(StreamSource(dut.clk, *stream_signals(dut, name), idle, s + k))
+        self.cmd, self.x, self.w, self.mrf_w, self.rreq = sources
         self.y_sink = StreamSink(dut.clk, dut.y_stream__ready,
                                  BACKPRESSURE_PROB if stalls else 0.0, s + 6)
         self.r_sink = StreamSink(dut.clk, dut.mrf_r_resp__ready,
                                  BACKPRESSURE_PROB if stalls else 0.0, s + 7)
-        self.y = StreamMonitor(dut.clk, bus("y_stream"), "y_stream")
-        self.resp = StreamMonitor(dut.clk, bus("mrf_r_resp"), "mrf_r_resp")
+        # Monitors made together count cycles from the same edge: the command monitor's
+        # transfer cycles compare with the outputs' (test_cycles).
+        self.cmd_in = StreamMonitor(dut.clk, *stream_signals(dut, "cmd"), "cmd")
+        self.y = StreamMonitor(dut.clk, *stream_signals(dut, "y_stream"), "y_stream")
+        self.resp = StreamMonitor(dut.clk, *stream_signals(dut, "mrf_r_resp"), "mrf_r_resp")
         self.products: list[Product] = []
         self.checked = 0
         # Model counter totals since the last clear.
@@ -522,8 +389,10 @@ class TB:
         """Wait for every queued product's outputs, compare them with the model."""
         n = self.cfg.n
         total = sum(p.matrix.big_r for p in self.products)
-        await self.y.wait_for(total, 60 * sum(p.matrix.big_r * p.matrix.big_c
-                                              for p in self.products[self.checked:]) + 5000)
+        await self.y.wait_for(total, CLOCK_NS,
+                              timeout_cycles=60 * sum(p.matrix.big_r * p.matrix.big_c
+                                                      for p in self.products[self.checked:])
+                              + 5000)
         await self.wait_idle()
         assert len(self.y.items) == total, f"{len(self.y.items)} outputs for {total}"
         index = sum(p.matrix.big_r for p in self.products[:self.checked])
@@ -589,7 +458,8 @@ class TB:
         start = len(self.resp.items)
         self.rreq.send([pack_struct(self.addr_layout, engine=e, row=r, slot=s)
                         for e, r, s in addresses])
-        await self.resp.wait_for(start + len(addresses))
+        await self.resp.wait_for(start + len(addresses), CLOCK_NS,
+                                 timeout_cycles=40 * len(addresses) + 3000)
         return self.resp.items[start:]
 
     async def check_mrf(self, addresses=None):
@@ -776,10 +646,10 @@ async def _timed_product(tb: TB, mat: Matrix):
     """Run one product alone with everything available; return cycles from the command
     transfer to the last output transfer."""
     p = tb.product(mat, k=64)
-    c0, y0 = len(tb.cmd.cycles), len(tb.y.cycles)
+    c0, y0 = len(tb.cmd_in.cycles), len(tb.y.cycles)
     tb.send_products([p])
     await tb.check_products()
-    return tb.y.cycles[y0 + mat.big_r - 1] - tb.cmd.cycles[c0]
+    return tb.y.cycles[y0 + mat.big_r - 1] - tb.cmd_in.cycles[c0]
 
 
 @cocotb.test()
