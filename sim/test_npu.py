@@ -32,7 +32,7 @@ import numpy as np
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, SimTimeoutError, with_timeout
 
 from host import bfp
 from host.asm import _parse_line, assemble
@@ -202,6 +202,10 @@ class TB:
         dut = self.dut
         self.sinks["outq"].hold(True)
         await self.pulse("run")
+        # The core takes `run` on the edge that ended the pulse and clears a `done` left
+        # high by an earlier run with it; read `done` after that edge's updates, or a run
+        # that follows another without a soft reset looks finished at once.
+        await ReadOnly()
         if not dut.done.value:
             try:
                 await with_timeout(RisingEdge(dut.done), RUN_TIMEOUT_CYCLES * CLOCK_NS, "ns")
