@@ -288,6 +288,15 @@ class TB:
         words = pack_vectors(bits)
         self.source.send(zip(words, rounding.tolist(), static.tolist(), code.tolist()))
 
+    def send_switching(self, count):
+        """Queue ``count`` random vectors whose rounding, static flag and static code
+        change from one vector to the next."""
+        bits = self.stim.mix(count)
+        rounding = self.rng.integers(0, 2, count)
+        static = self.rng.integers(0, 2, count)
+        code = self.stim.static_codes(self.model.dynamic_codes(bits))
+        self.send(bits, rounding, static, code)
+
     def expected(self):
         """Model outputs for everything sent so far, in order."""
         cat = [np.concatenate(x) for x in zip(*self.inputs)]
@@ -387,11 +396,7 @@ async def test_random_switching(dut, stalls):
     tb = TB(dut, stalls=stalls)
     await tb.reset()
     count = max(1000, Config().vectors // 20)
-    bits = tb.stim.mix(count)
-    rounding = tb.rng.integers(0, 2, count)
-    static = tb.rng.integers(0, 2, count)
-    code = tb.stim.static_codes(tb.model.dynamic_codes(bits))
-    tb.send(bits, rounding, static, code)
+    tb.send_switching(count)
     await tb.check()
 
 
@@ -512,11 +517,7 @@ async def test_clear(dut, stalls):
     tb = TB(dut, stalls=stalls)
     await tb.reset()
     count = max(2000, Config().vectors // 50)
-    bits = tb.stim.mix(count)
-    rounding = tb.rng.integers(0, 2, count)
-    static = tb.rng.integers(0, 2, count)
-    code = tb.stim.static_codes(tb.model.dynamic_codes(bits))
-    tb.send(bits, rounding, static, code)
+    tb.send_switching(count)
     _, (_, _, e_sat, e_nf) = tb.expected()
     checker = CounterChecker(tb, list(zip(e_sat.tolist(), e_nf.tolist())))
     clear_rand = random.Random(random.getrandbits(32))
