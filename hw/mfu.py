@@ -156,9 +156,10 @@ class Mfu(_Configured):
     vectors with one write port (``vrf_w``) and one synchronous read port. On ``start``
     each reader of a used unit is loaded with its base address and reads ``addr``,
     ``addr + 1``, ... ``addr + L - 1`` ahead (the first read in the cycle of ``start``)
-    into a :data:`OPERAND_BUFFER`-entry register buffer; the vector from the crossbar is
-    joined with the buffer's head (a register) in front of the unit's input buffer, so
-    native vector ``j`` meets operand ``addr + j``. The read address and enable depend on
+    into a :data:`OPERAND_BUFFER`-entry ring of registers; the vector from the crossbar
+    is joined with the ring's head (selected by a read pointer, which is all a pop moves)
+    in front of the unit's input buffer, so native vector ``j`` meets operand
+    ``addr + j``. The read address and enable depend on
     registers (and, for the first read, on ``start`` and ``config``) only; the memory
     output goes straight into the buffer. The read port is not transparent: a write to an address the running chain
     still has to read gives that chain the old or the new vector (``docs/mfu.md``).
@@ -396,17 +397,27 @@ class Mfu(_Configured):
             m.d.sync += [todo.eq(todo - 1), addr.eq(addr + 1)]
         m.d.sync += in_flight.eq(issue | first)
 
-        # The buffer: entry 0 is the head; a pop shifts, a push lands behind the rest.
+        # The buffer: a ring. A push writes the entry at `wr`, a pop only moves `rd` on.
+        # The entries' enables depend on registers only, and `pop` (which comes from the
+        # crossbar's valid, possibly from across the die) reaches a few flip-flops, not
+        # the enables of every entry (a shifting buffer's pop was the critical path).
         push = in_flight
-        after_pop = count - pop
+        wr = Signal(range(OPERAND_BUFFER), name=f"{name}_wr")
+        rd = Signal(range(OPERAND_BUFFER), name=f"{name}_rd")
         for k, entry in enumerate(entries):
-            nxt = entries[k + 1] if k + 1 < OPERAND_BUFFER else entry
-            with m.If(push & (after_pop == k)):
+            with m.If(push & (wr == k)):
                 m.d.sync += entry.eq(rp.data)
-            with m.Elif(pop):
-                m.d.sync += entry.eq(nxt)
-        m.d.sync += count.eq(after_pop + push)
-        return count != 0, entries[0]
+        with m.If(push):
+            m.d.sync += wr.eq(Mux(wr == OPERAND_BUFFER - 1, 0, wr + 1))
+        with m.If(pop):
+            m.d.sync += rd.eq(Mux(rd == OPERAND_BUFFER - 1, 0, rd + 1))
+        m.d.sync += count.eq(count - pop + push)
+        head = Signal(vec, name=f"{name}_head")
+        m.d.comb += head.eq(entries[-1])
+        for k in reversed(range(OPERAND_BUFFER - 1)):
+            with m.If(rd == k):
+                m.d.comb += head.eq(entries[k])
+        return count != 0, head
 
     def _counters(self, m, units):
         """Per-unit event counts (registered), their sum (registered), the counters."""
