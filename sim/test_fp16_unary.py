@@ -28,7 +28,6 @@ Parameters come from the environment (set by ``tests/test_fp16_unary_hw.py``):
 
 from __future__ import annotations
 
-import collections
 import os
 import random
 import time
@@ -37,11 +36,11 @@ import numpy as np
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Event, ReadOnly, RisingEdge, SimTimeoutError, \
-    with_timeout
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
 from host.unary import UnaryOp, unary_bits, unary_events
 from hw.fp16_unary import LATENCY
+from sim.stream import StreamMonitor, StreamSink, StreamSource
 
 IDLE_PROB = 0.3
 BACKPRESSURE_PROB = 0.3
@@ -99,131 +98,6 @@ def model(x: np.ndarray, op: np.ndarray, built):
             res[sel] = 0x7E00
             nanc[sel] = ~np.isnan(x[sel].view(np.float16))
     return res, ovf, nanc
-
-
-# --- bus models ------------------------------------------------------------------------------
-
-class StreamSource:
-    """Drives ``valid``/``payload`` of an Amaranth stream; optional idle cycles.
-
-    ``valid`` is held with a stable payload until the DUT takes the item; idle cycles
-    only come between items.
-    """
-
-    def __init__(self, clk, valid, ready, payload, idle_prob=0.0, seed=0):
-        self.clk, self.valid, self.ready, self.payload = clk, valid, ready, payload
-        self.idle_prob = idle_prob
-        self.rand = random.Random(seed)
-        self.queue = collections.deque()
-        self.sent = 0
-        self.accept_cycles: list[int] = []
-        self.cycle = 0
-        self._task = None
-
-    def send(self, items):
-        self.queue.extend(items)
-        if self._task is None or self._task.done():
-            self._task = cocotb.start_soon(self._run())
-
-    @property
-    def idle(self):
-        return not self.queue and (self._task is None or self._task.done())
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        queue, rand, idle_prob = self.queue, self.rand.random, self.idle_prob
-        offering = False
-        self.valid.value = 0
-        while True:
-            await edge
-            self.cycle += 1
-            if offering and self.ready.value:
-                self.sent += 1
-                self.accept_cycles.append(self.cycle)
-                offering = False
-            if not offering:
-                if not queue:
-                    self.valid.value = 0
-                    return
-                if idle_prob and rand() < idle_prob:
-                    self.valid.value = 0
-                    continue
-                self.payload.value = queue.popleft()
-                self.valid.value = 1
-                offering = True
-
-
-class StreamSink:
-    """Drives ``ready``: always 1, or randomly low (back-pressure)."""
-
-    def __init__(self, clk, ready, backpressure_prob=0.0, seed=0):
-        self.clk, self.ready = clk, ready
-        self.prob = backpressure_prob
-        self.rand = random.Random(seed)
-        self.ready.value = 1
-        if backpressure_prob:
-            cocotb.start_soon(self._run())
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        rand, prob, ready = self.rand.random, self.prob, self.ready
-        while True:
-            ready.value = int(rand() >= prob)
-            await edge
-
-
-class StreamMonitor:
-    """Records every transfer as one integer and the cycle it happened in; checks that
-    ``valid`` stays high and the payload holds while ``valid & ~ready``."""
-
-    def __init__(self, clk, valid, ready, payload):
-        self.clk, self.valid, self.ready, self.payload = clk, valid, ready, payload
-        self.items: list[int] = []
-        self.cycles: list[int] = []
-        self.cycle = 0
-        self.stall_checks = 0
-        self._target = None
-        self._reached = Event()
-        cocotb.start_soon(self._run())
-
-    async def wait_for(self, count, period_ns):
-        missing = count - len(self.items)
-        if missing > 0:
-            self._target = count
-            self._reached.clear()
-            try:
-                await with_timeout(self._reached.wait(), (10 * missing + 1000) * period_ns,
-                                   "ns")
-            except SimTimeoutError:
-                raise AssertionError(f"stream stuck: {len(self.items)} of {count} "
-                                     f"transfers seen") from None
-
-    async def _run(self):
-        edge = RisingEdge(self.clk)
-        items, cycles = self.items, self.cycles
-        held = None
-        while True:
-            await edge
-            self.cycle += 1
-            if not self.valid.value:
-                assert held is None, (
-                    f"cycle {self.cycle}: o_stream.valid dropped before its payload "
-                    f"was accepted")
-                continue
-            word = self.payload.value.to_unsigned()
-            if held is not None:
-                self.stall_checks += 1
-                assert word == held, (
-                    f"cycle {self.cycle}: o_stream.payload changed while valid and not "
-                    f"ready")
-            if self.ready.value:
-                items.append(word)
-                cycles.append(self.cycle)
-                held = None
-                if len(items) == self._target:
-                    self._reached.set()
-            else:
-                held = word
 
 
 # --- testbench ---------------------------------------------------------------------------------
