@@ -15,7 +15,8 @@ output lane is checked, in order: result bits, ``overflow`` and ``nan_created``.
 * ``test_latency``: the documented latency and one vector per cycle.
 
 The conformance and model tests run with and without random input gaps and output
-back-pressure; the sink checks that a stalled output holds its payload and that nothing
+back-pressure (the bus models of ``sim.stream``); a monitor checks that a stalled output
+holds its payload, and the bench that nothing
 comes out that did not go in.
 
 Parameters from the environment (set by the pytest wrapper): ``FP16A_LANES``,
@@ -26,18 +27,18 @@ from __future__ import annotations
 
 import os
 import random
-from collections import deque
 
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from host.fp16 import CANONICAL_NAN, BinaryOp, binary_bits, binary_events_bits
 from sim.fp16_vectors import (
     FLAG_INVALID, FLAG_OVERFLOW, SPECIALS, find_testfloat, is_nan, max_from_compare,
     random_pairs, read_testfloat,
 )
+from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 LANES = int(os.environ.get("FP16A_LANES", "8"))
 LATENCY = int(os.environ.get("FP16A_LATENCY", "6"))
@@ -138,133 +139,77 @@ def interleave(rng: random.Random, batches: list[Batch]) -> list[Vector]:
     return vectors
 
 
-# --- stream driver and monitor -----------------------------------------------------------
+# --- testbench -------------------------------------------------------------------------------
 
-class StreamSource:
-    """Drives ``i_stream``: a word is offered and held until taken; random gaps between."""
-
-    def __init__(self, dut, rng: random.Random, idle: float):
-        self._clk = dut.clk
-        self._valid = dut.i_stream__valid
-        self._ready = dut.i_stream__ready
-        self._payload = dut.i_stream__payload
-        self._rng = rng
-        self._idle = idle
-        self.accept_cycles: list[int] = []
-
-    async def send(self, words, cycle_counter) -> None:
-        pending = deque(words)
-        offering = False
-        while pending:
-            await RisingEdge(self._clk)
-            if not offering and self._rng.random() >= self._idle:
-                self._payload.value = pending[0]
-                offering = True
-            self._valid.value = int(offering)
-            await ReadOnly()
-            if offering and self._ready.value == 1:
-                pending.popleft()
-                offering = False
-                self.accept_cycles.append(cycle_counter())
-        await RisingEdge(self._clk)
-        self._valid.value = 0
-
-
-class StreamSink:
-    """Takes ``o_stream`` words with random back-pressure; checks held payloads."""
-
-    def __init__(self, dut, rng: random.Random, busy: float):
-        self._clk = dut.clk
-        self._valid = dut.o_stream__valid
-        self._ready = dut.o_stream__ready
-        self._payload = dut.o_stream__payload
-        self._rng = rng
-        self._busy = busy
-        self.words: list[int] = []
-        self.cycles: list[int] = []
-        self.stalls = 0
-
-    async def receive(self, count: int, max_cycles: int, cycle_counter) -> None:
-        held = None                       # payload seen with valid and not ready
-        for _ in range(max_cycles):
-            if len(self.words) == count:
-                break
-            await RisingEdge(self._clk)
-            ready = int(self._rng.random() >= self._busy)
-            self._ready.value = ready
-            await ReadOnly()
-            valid = self._valid.value == 1
-            if held is not None:
-                assert valid, "o_stream.valid dropped before the transfer"
-                word = int(self._payload.value)
-                assert word == held, (
-                    f"o_stream payload changed under back-pressure: {held:#x} -> {word:#x}")
-            if valid:
-                word = int(self._payload.value)
-                if ready:
-                    self.words.append(word)
-                    self.cycles.append(cycle_counter())
-                    held = None
-                else:
-                    held = word
-                    self.stalls += 1
-        assert len(self.words) == count, (
-            f"stalled: {len(self.words)} of {count} outputs in {max_cycles} cycles")
-        # Nothing more may come out.
-        await RisingEdge(self._clk)
-        self._ready.value = 1
-        for _ in range(LATENCY + 2):
-            await ReadOnly()
-            assert self._valid.value == 0, "o_stream produced more outputs than inputs"
-            await RisingEdge(self._clk)
+CLOCK_NS = 10
+IDLE_PROB = 0.3             # input gaps with stalls
+BACKPRESSURE_PROB = 0.4     # o_stream.ready low with stalls
 
 
 class TB:
-    """Clock, reset, a stream source and sink, and the comparison with expectations."""
+    """Clock, reset, a stream source and sink (``sim.stream``), monitors on both streams,
+    and the comparison with expectations."""
 
     def __init__(self, dut, stalls: bool):
         self.dut = dut
+        self.stalls = stalls
         self.rng = random.Random(random.getrandbits(64))
         self.np_rng = np.random.default_rng(self.rng.getrandbits(64))
-        self.source = StreamSource(dut, self.rng, idle=0.3 if stalls else 0.0)
-        self.sink = StreamSink(dut, self.rng, busy=0.4 if stalls else 0.0)
-        self.cycle = 0
-
-    async def _count(self):
-        while True:
-            await RisingEdge(self.dut.clk)
-            self.cycle += 1
+        self.source = self.sink = self.inputs = self.outputs = None
 
     async def start(self):
-        Clock(self.dut.clk, 10, unit="ns").start()
-        self.dut.rst.value = 1                   # synchronous, active high
-        self.dut.i_stream__valid.value = 0
-        self.dut.o_stream__ready.value = 0
+        """Start the clock and reset; then start the bus models (the monitors count
+        cycles from the same edge, so their cycle numbers compare)."""
+        dut = self.dut
+        Clock(dut.clk, CLOCK_NS, unit="ns").start()
+        dut.rst.value = 1                        # synchronous, active high
+        dut.i_stream__valid.value = 0
+        dut.o_stream__ready.value = 0
         for _ in range(3):
-            await RisingEdge(self.dut.clk)
-        self.dut.rst.value = 0
-        cocotb.start_soon(self._count())
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        self.source = StreamSource(dut.clk, *stream_signals(dut, "i_stream"),
+                                   idle_prob=IDLE_PROB if self.stalls else 0.0,
+                                   seed=self.rng.getrandbits(32))
+        self.sink = StreamSink(dut.clk, dut.o_stream__ready,
+                               backpressure_prob=BACKPRESSURE_PROB if self.stalls else 0.0,
+                               seed=self.rng.getrandbits(32))
+        self.inputs = StreamMonitor(dut.clk, *stream_signals(dut, "i_stream"), "i_stream")
+        self.outputs = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
 
     async def run(self, vectors: list[Vector], what: str) -> None:
-        """Send ``vectors``, receive as many outputs, check every lane."""
-        self.source.accept_cycles.clear()
-        self.sink.words.clear()
-        self.sink.cycles.clear()
-        self.sink.stalls = 0
+        """Send ``vectors``, receive as many outputs, check every lane.
+
+        :raises AssertionError: a lane differs, the outputs do not all come within
+            ``20 * vectors + 100`` cycles, ``o_stream`` is valid again in the
+            ``LATENCY + 2`` cycles after the last expected output, or (with stalls) no
+            output was back-pressured.
+        """
         n = len(vectors)
-        recv = cocotb.start_soon(self.sink.receive(n, 20 * n + 100, lambda: self.cycle))
-        await self.source.send([v.word() for v in vectors], lambda: self.cycle)
-        await recv
+        first = len(self.outputs.items)
+        stalls_before = self.outputs.stall_checks
+        self.source.send([v.word() for v in vectors])
+        await self.outputs.wait_for(first + n, CLOCK_NS, timeout_cycles=20 * n + 100)
+        # Nothing more may come out. (A read just after an edge sees what the edge
+        # sampled: this is o_stream.valid during the cycles after the last transfer.)
+        for _ in range(LATENCY + 2):
+            await RisingEdge(self.dut.clk)
+            assert not self.dut.o_stream__valid.value, (
+                "o_stream produced more outputs than inputs")
+        assert len(self.inputs.items) == len(self.outputs.items)
         bad = 0
-        for v, word in zip(vectors, self.sink.words):
+        for v, word in zip(vectors, self.outputs.items[first:]):
             if bad < 20:
                 bad += v.check(word, self.dut._log)
             else:
                 bad += v.check(word, _Quiet())
         pairs = sum(len(v.sel) for v in vectors)
-        self.dut._log.info("%s: %d vectors (%d lanes), %d bad lanes, %d output stalls",
-                           what, n, pairs, bad, self.sink.stalls)
+        stalls = self.outputs.stall_checks - stalls_before
+        self.dut._log.info("%s: %d vectors (%d lanes), %d bad lanes, %d output stall checks",
+                           what, n, pairs, bad, stalls)
         assert not bad, f"{what}: {bad} of {pairs} lanes differ"
+        if self.stalls:
+            assert stalls > 0, f"{what}: no back-pressured output cycle"
 
 
 class _Quiet:
@@ -279,7 +224,7 @@ async def test_latency(dut):
     await tb.start()
     vectors = interleave(tb.rng, model_batches(tb.np_rng, 64 * LANES))[:64]
     await tb.run(vectors, "latency burst")
-    acc, out = tb.source.accept_cycles, tb.sink.cycles
+    acc, out = tb.inputs.cycles, tb.outputs.cycles
     assert all(b - a == 1 for a, b in zip(acc, acc[1:])), "input not accepted every cycle"
     lat = [o - a for a, o in zip(acc, out)]
     assert set(lat) == {LATENCY}, f"latency {sorted(set(lat))}, documented {LATENCY}"
