@@ -9,6 +9,8 @@ field in the low bits). Use :func:`stream_signals` to fetch the three handles.
 * :class:`StreamSink` drives ``ready``: always high, or randomly low (back-pressure).
 * :class:`StreamMonitor` records every transfer and checks the stream rules (``valid``
   held and the payload stable until taken).
+* :class:`UnitBench` puts the three together for a unit with one ``i_stream`` and one
+  ``o_stream`` (clock, reset, source, sink, a monitor on each stream).
 
 Timeouts are counted in clock cycles; a model stuck past one raises ``AssertionError``.
 
@@ -24,7 +26,7 @@ import random
 import cocotb
 from cocotb.triggers import Event, RisingEdge, SimTimeoutError, with_timeout
 
-__all__ = ["StreamMonitor", "StreamSink", "StreamSource", "stream_signals"]
+__all__ = ["StreamMonitor", "StreamSink", "StreamSource", "UnitBench", "stream_signals"]
 
 
 def stream_signals(dut, name: str):
@@ -206,3 +208,63 @@ class StreamMonitor:
                     self._reached.set()
             else:
                 held = word
+
+
+class UnitBench:
+    """Clock, reset and bus models of a unit with one input stream ``i_stream`` and one
+    output stream ``o_stream`` that gives exactly one output per input, in order.
+
+    After :meth:`start`: ``source`` and ``sink`` drive the two streams, ``inputs`` and
+    ``outputs`` are monitors on them (started on the same edge, so their cycle numbers
+    compare: ``outputs.cycles[k] - inputs.cycles[k]`` is transfer ``k``'s latency).
+    ``rng`` (a ``random.Random``) seeds the source and the sink.
+    """
+
+    def __init__(self, dut, rng: random.Random, *, idle_prob=0.0, backpressure_prob=0.0,
+                 clock_ns=10):
+        self.dut, self.rng, self.clock_ns = dut, rng, clock_ns
+        self.idle_prob, self.backpressure_prob = idle_prob, backpressure_prob
+        self.source = self.sink = self.inputs = self.outputs = None
+
+    async def start(self):
+        """Start the clock, hold the synchronous reset for three cycles, then start the
+        bus models."""
+        from cocotb.clock import Clock
+
+        dut = self.dut
+        Clock(dut.clk, self.clock_ns, unit="ns").start()
+        dut.rst.value = 1
+        dut.i_stream__valid.value = 0
+        dut.o_stream__ready.value = 0
+        for _ in range(3):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        self.source = StreamSource(dut.clk, *stream_signals(dut, "i_stream"),
+                                   idle_prob=self.idle_prob, seed=self.rng.getrandbits(32))
+        self.sink = StreamSink(dut.clk, dut.o_stream__ready,
+                               backpressure_prob=self.backpressure_prob,
+                               seed=self.rng.getrandbits(32))
+        self.inputs = StreamMonitor(dut.clk, *stream_signals(dut, "i_stream"), "i_stream")
+        self.outputs = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
+
+    async def transfer(self, words, latency: int) -> tuple[list[int], int]:
+        """Send ``words``; return their outputs and the number of back-pressured output
+        cycles seen meanwhile.
+
+        :raises AssertionError: the outputs do not all come within ``20 * len(words) +
+            100`` cycles, ``o_stream`` is valid again in the ``latency + 2`` cycles after
+            the last one, or a stream rule is broken.
+        """
+        n = len(words)
+        first = len(self.outputs.items)
+        stalls_before = self.outputs.stall_checks
+        self.source.send(words)
+        await self.outputs.wait_for(first + n, self.clock_ns, timeout_cycles=20 * n + 100)
+        # Nothing more may come out. (A read just after an edge sees what the edge
+        # sampled: this is o_stream.valid during the cycles after the last transfer.)
+        for _ in range(latency + 2):
+            await RisingEdge(self.dut.clk)
+            assert not self.dut.o_stream__valid.value, (
+                "o_stream produced more outputs than inputs")
+        assert len(self.inputs.items) == len(self.outputs.items)
+        return self.outputs.items[first:], self.outputs.stall_checks - stalls_before

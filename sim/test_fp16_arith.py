@@ -30,15 +30,13 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
 
 from host.fp16 import CANONICAL_NAN, BinaryOp, binary_bits, binary_events_bits
 from sim.fp16_vectors import (
     FLAG_INVALID, FLAG_OVERFLOW, SPECIALS, find_testfloat, is_nan, max_from_compare,
     random_pairs, read_testfloat,
 )
-from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
+from sim.stream import UnitBench
 
 LANES = int(os.environ.get("FP16A_LANES", "8"))
 LATENCY = int(os.environ.get("FP16A_LATENCY", "6"))
@@ -146,67 +144,33 @@ IDLE_PROB = 0.3             # input gaps with stalls
 BACKPRESSURE_PROB = 0.4     # o_stream.ready low with stalls
 
 
-class TB:
-    """Clock, reset, a stream source and sink (``sim.stream``), monitors on both streams,
-    and the comparison with expectations."""
+class TB(UnitBench):
+    """:class:`sim.stream.UnitBench` and the comparison with expectations."""
 
     def __init__(self, dut, stalls: bool):
-        self.dut = dut
+        rng = random.Random(random.getrandbits(64))
+        super().__init__(dut, rng, idle_prob=IDLE_PROB if stalls else 0.0,
+                         backpressure_prob=BACKPRESSURE_PROB if stalls else 0.0,
+                         clock_ns=CLOCK_NS)
         self.stalls = stalls
-        self.rng = random.Random(random.getrandbits(64))
-        self.np_rng = np.random.default_rng(self.rng.getrandbits(64))
-        self.source = self.sink = self.inputs = self.outputs = None
-
-    async def start(self):
-        """Start the clock and reset; then start the bus models (the monitors count
-        cycles from the same edge, so their cycle numbers compare)."""
-        dut = self.dut
-        Clock(dut.clk, CLOCK_NS, unit="ns").start()
-        dut.rst.value = 1                        # synchronous, active high
-        dut.i_stream__valid.value = 0
-        dut.o_stream__ready.value = 0
-        for _ in range(3):
-            await RisingEdge(dut.clk)
-        dut.rst.value = 0
-        self.source = StreamSource(dut.clk, *stream_signals(dut, "i_stream"),
-                                   idle_prob=IDLE_PROB if self.stalls else 0.0,
-                                   seed=self.rng.getrandbits(32))
-        self.sink = StreamSink(dut.clk, dut.o_stream__ready,
-                               backpressure_prob=BACKPRESSURE_PROB if self.stalls else 0.0,
-                               seed=self.rng.getrandbits(32))
-        self.inputs = StreamMonitor(dut.clk, *stream_signals(dut, "i_stream"), "i_stream")
-        self.outputs = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
+        self.np_rng = np.random.default_rng(rng.getrandbits(64))
 
     async def run(self, vectors: list[Vector], what: str) -> None:
         """Send ``vectors``, receive as many outputs, check every lane.
 
-        :raises AssertionError: a lane differs, the outputs do not all come within
-            ``20 * vectors + 100`` cycles, ``o_stream`` is valid again in the
-            ``LATENCY + 2`` cycles after the last expected output, or (with stalls) no
-            output was back-pressured.
+        :raises AssertionError: a lane differs, (with stalls) no output was
+            back-pressured, or :meth:`sim.stream.UnitBench.transfer` failed.
         """
-        n = len(vectors)
-        first = len(self.outputs.items)
-        stalls_before = self.outputs.stall_checks
-        self.source.send([v.word() for v in vectors])
-        await self.outputs.wait_for(first + n, CLOCK_NS, timeout_cycles=20 * n + 100)
-        # Nothing more may come out. (A read just after an edge sees what the edge
-        # sampled: this is o_stream.valid during the cycles after the last transfer.)
-        for _ in range(LATENCY + 2):
-            await RisingEdge(self.dut.clk)
-            assert not self.dut.o_stream__valid.value, (
-                "o_stream produced more outputs than inputs")
-        assert len(self.inputs.items) == len(self.outputs.items)
+        words, stalls = await self.transfer([v.word() for v in vectors], LATENCY)
         bad = 0
-        for v, word in zip(vectors, self.outputs.items[first:]):
+        for v, word in zip(vectors, words):
             if bad < 20:
                 bad += v.check(word, self.dut._log)
             else:
                 bad += v.check(word, _Quiet())
         pairs = sum(len(v.sel) for v in vectors)
-        stalls = self.outputs.stall_checks - stalls_before
         self.dut._log.info("%s: %d vectors (%d lanes), %d bad lanes, %d output stall checks",
-                           what, n, pairs, bad, stalls)
+                           what, len(vectors), pairs, bad, stalls)
         assert not bad, f"{what}: {bad} of {pairs} lanes differ"
         if self.stalls:
             assert stalls > 0, f"{what}: no back-pressured output cycle"

@@ -29,12 +29,10 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
 
 from host.formats import FP16_FRAC_BITS, FP16_MAX_BITS, FP16_MAX_EXP, FP16_MIN_EXP
 from host.numerics import fixed_to_fp16
-from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
+from sim.stream import UnitBench
 
 LANES = int(os.environ.get("FP16C_LANES", "4"))
 WIDTH = int(os.environ.get("FP16C_WIDTH", "32"))
@@ -187,58 +185,26 @@ def unpack_output(word: int) -> tuple[list[int], list[int]]:
     return bits, over
 
 
-class TB:
-    """Clock, reset, a stream source and sink, monitors on both streams, and the
-    comparison with expectations."""
+class TB(UnitBench):
+    """:class:`sim.stream.UnitBench` and the comparison with expectations."""
 
     def __init__(self, dut, stalls: bool):
-        self.dut = dut
+        super().__init__(dut, random.Random(random.getrandbits(64)),
+                         idle_prob=IDLE_PROB if stalls else 0.0,
+                         backpressure_prob=BACKPRESSURE_PROB if stalls else 0.0,
+                         clock_ns=CLOCK_NS)
         self.stalls = stalls
-        self.rng = random.Random(random.getrandbits(64))
-        self.source = self.sink = self.inputs = self.outputs = None
-
-    async def start(self):
-        """Start the clock and reset; then start the bus models (the monitors count
-        cycles from the same edge, so their cycle numbers compare)."""
-        dut = self.dut
-        Clock(dut.clk, CLOCK_NS, unit="ns").start()
-        dut.rst.value = 1                        # synchronous, active high
-        dut.i_stream__valid.value = 0
-        dut.o_stream__ready.value = 0
-        for _ in range(3):
-            await RisingEdge(dut.clk)
-        dut.rst.value = 0
-        self.source = StreamSource(dut.clk, *stream_signals(dut, "i_stream"),
-                                   idle_prob=IDLE_PROB if self.stalls else 0.0,
-                                   seed=self.rng.getrandbits(32))
-        self.sink = StreamSink(dut.clk, dut.o_stream__ready,
-                               backpressure_prob=BACKPRESSURE_PROB if self.stalls else 0.0,
-                               seed=self.rng.getrandbits(32))
-        self.inputs = StreamMonitor(dut.clk, *stream_signals(dut, "i_stream"), "i_stream")
-        self.outputs = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
 
     async def run(self, values: list[int]) -> list[tuple[int, int]]:
         """Send ``values`` (padded with zeros to whole vectors); return (bits, overflow).
 
-        :raises AssertionError: if the outputs do not all come within ``20 * vectors +
-            100`` cycles, or if ``o_stream`` is valid again in the ``LATENCY + 2``
-            cycles after the last expected output.
+        :raises AssertionError: :meth:`sim.stream.UnitBench.transfer` failed.
         """
         n_vec = -(-len(values) // LANES)
         values = values + [0] * (n_vec * LANES - len(values))
         words = [pack_lanes(values[i:i + LANES]) for i in range(0, len(values), LANES)]
-        first = len(self.outputs.items)
-        self.source.send(words)
-        await self.outputs.wait_for(first + n_vec, CLOCK_NS, timeout_cycles=20 * n_vec + 100)
-        # Nothing more may come out. (A read just after an edge sees what the edge
-        # sampled: this is o_stream.valid during the cycles after the last transfer.)
-        for _ in range(LATENCY + 2):
-            await RisingEdge(self.dut.clk)
-            assert not self.dut.o_stream__valid.value, (
-                "o_stream produced more outputs than inputs")
-        assert len(self.inputs.items) == len(self.outputs.items)
         got = []
-        for word in self.outputs.items[first:]:
+        for word in (await self.transfer(words, LATENCY))[0]:
             bits, over = unpack_output(word)
             got += list(zip(bits, over))
         return got
