@@ -24,6 +24,7 @@ import collections
 import random
 
 import cocotb
+from cocotb.clock import Clock
 from cocotb.triggers import Event, RisingEdge, SimTimeoutError, with_timeout
 
 __all__ = ["StreamMonitor", "StreamSink", "StreamSource", "UnitBench", "stream_signals"]
@@ -124,20 +125,13 @@ class StreamSink:
         self.rand = random.Random(seed)
         self.held = False
         self.ready.value = 1
-        self._task = cocotb.start_soon(self._run()) if backpressure_prob else None
+        if backpressure_prob:
+            cocotb.start_soon(self._run())
 
     def hold(self, held: bool) -> None:
         """Hold ``ready`` low (``True``) until released (``False``)."""
         self.held = held
         self.ready.value = int(not held and not self.prob)
-
-    def stop(self) -> None:
-        """End the back-pressure for good: ``ready`` stays 1 from now on."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-        self.held = False
-        self.ready.value = 1
 
     async def _run(self):
         edge = RisingEdge(self.clk)
@@ -229,8 +223,6 @@ class UnitBench:
     async def start(self):
         """Start the clock, hold the synchronous reset for three cycles, then start the
         bus models."""
-        from cocotb.clock import Clock
-
         dut = self.dut
         Clock(dut.clk, self.clock_ns, unit="ns").start()
         dut.rst.value = 1

@@ -16,8 +16,7 @@ output lane is checked, in order: result bits, ``overflow`` and ``nan_created``.
 
 The conformance and model tests run with and without random input gaps and output
 back-pressure (the bus models of ``sim.stream``); a monitor checks that a stalled output
-holds its payload, and the bench that nothing
-comes out that did not go in.
+holds its payload, and the bench that nothing comes out that did not go in.
 
 Parameters from the environment (set by the pytest wrapper): ``FP16A_LANES``,
 ``FP16A_LATENCY``, ``FP16A_COUNT`` (random pairs per ``test_model`` run).
