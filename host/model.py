@@ -103,7 +103,7 @@ class Timing:
     load_offset: int = -1            #: the MVM's loader, relative to ``read_latency``
     mfu_setup: int = 6               #: issue to the chain taken by the MFU pipeline
     binary_latency: int = 6          #: an ADDSUB or MUL unit
-    unary_latency: int = 13          #: the ACT unit
+    unary_latency: int = 15          #: the ACT unit
     reduce_node_latency: int = 6     #: one adder level of the REDUCE unit
     mfu_accept: int = 2              #: last output taken to the next chain taken
     retire_latency: int = 1          #: last write to the scoreboard entry freed

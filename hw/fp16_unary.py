@@ -19,7 +19,7 @@ from host.unary import (
 __all__ = ["Fp16Unary", "LATENCY", "LANES_MAX"]
 
 #: Register stages from an accepted input vector to its output (see :class:`Fp16Unary`).
-LATENCY = 13
+LATENCY = 15
 LANES_MAX = 64
 
 _F = T_FRAC_BITS
@@ -69,25 +69,32 @@ class Fp16Unary(wiring.Component):
 
     1. the input: ``x`` and the lane's own copy of the op (so the op is decoded next to
        each lane rather than once for all of them from the input register).
+       The significand ``sig`` of ``x`` has its own register here, which feeds only
+       the multiplier of stage 2.
     2. decode; what the lane's output is if not the datapath's (NaN, +-inf, +-0, relu,
-       pass, tanh of tiny x, reciprocal of 0 and of inf); the barrel shift amount; the
-       significand again, as the multiplier's own input register.
-    3. ``p = sig * round(log2(e) * 2**17)`` (11 x 18 bits, a DSP block).
+       pass, tanh of tiny x, reciprocal of 0 and of inf); the barrel shift amount;
+       ``p = sig * round(log2(e) * 2**17)`` (11 x 18 bits, a DSP block) into a register
+       that only feeds register 3. 3. ``p`` again.
     4. ``|t| * 2**16 = p >> (26 - ex - c)`` (barrel shift, clamp for ``|x| * 2**c >= 32``),
        ``i, f`` of ``+-t``; normalized significand of a subnormal (reciprocal; its
        leading zeros are counted in stage 3).
     5. ROM address and segment position ``dx`` of the op's table; exponent ``q``.
     6. ROM read (a ``lib.memory.Memory`` with no write port: block RAM, one read port per
        lane, two lanes per memory); 7. ROM output register.
-    8. ``c1 * dx`` (16 x 11 bits, a DSP block); 9. ``y = c0 + (c1 * dx >> 11)``.
-    10. shift amount: subnormal or complement alignment; 11. right shift.
-    12. complement ``1 - v`` (sigmoid of x >= 0, tanh of |x| >= 1/2) by inversion,
+    8. ``c1`` and ``dx`` again, registers that only feed the multiplier.
+    9. ``c1 * dx`` (16 x 11 bits, a DSP block), a register that only feeds register 10;
+       10. the product again. So no cycle holds the routing to a DSP block, its
+       multiplier and the routing back: the registers before and after each multiplier
+       may be placed next to the DSP column (``docs/mfu.md`` section 10).
+    11. ``y = c0 + (c1 * dx >> 11)``.
+    12. shift amount: subnormal or complement alignment; 13. right shift.
+    14. complement ``1 - v`` (sigmoid of x >= 0, tanh of |x| >= 1/2) by inversion,
         normalization, the three possible exponent fields and their overflow tests.
-    13. round (one increment) and pick the exponent field; special results, events:
+    15. round (one increment) and pick the exponent field; special results, events:
         the output register.
 
-    **Flow control.** Registers 1 to 12 advance together whenever the *skid register*
-    (a second output register) is empty; the output register (13) loads when it is empty
+    **Flow control.** Registers 1 to 14 advance together whenever the *skid register*
+    (a second output register) is empty; the output register (15) loads when it is empty
     or being read, and otherwise the skid register takes the result, which stops the
     pipeline until the output register has taken it over. So ``i_stream.ready`` is a
     flip-flop (not a function of ``o_stream.ready``: no combinational path through the
@@ -96,7 +103,7 @@ class Fp16Unary(wiring.Component):
     attribute that the place-and-route flow keeps apart), ``o_stream.valid`` and the
     payload are flip-flops, held while ``o_stream.ready`` is low, and one vector per cycle passes
     while ``o_stream.ready`` is high. Without stalls a vector leaves ``o_stream``
-    :data:`LATENCY` (13) cycles after it was accepted. The op is part of each vector's
+    :data:`LATENCY` (15) cycles after it was accepted. The op is part of each vector's
     payload, so consecutive vectors may use different ops.
 
     An op missing from ``ops`` (and the unused codes 6 and 7) gives the canonical NaN on
@@ -354,8 +361,8 @@ class Fp16Unary(wiring.Component):
 
         if table:
             # Register stages (the value computed from stage k-1 is held in register k).
-            S_SIG, S_P, S_T, S_ADDR, S_ROM, S_ROMR, S_PROD, S_Y, S_AMT, S_SH, S_G = \
-                range(2, LATENCY)
+            (S_P_DSP, S_P, S_T, S_ADDR, S_ROM, S_ROMR, S_MULIN, S_PROD_DSP, S_PROD, S_Y,
+             S_AMT, S_SH, S_G) = range(2, LATENCY)
             # significand of |x| = sig * 2**(ex - 25), from the input (no op needed)
             _, ef0, fr0 = fields(0)
             sig0 = w(11, "sig0", Cat(fr0, ef0 != 0))
@@ -370,11 +377,12 @@ class Fp16Unary(wiring.Component):
             # tanh: small-argument table (ef 9..13) or complement path (ef >= 14)
             tsmall = delay("tsmall", 1, w(1, "tsmall1", op_tanh1 & (ef1 <= _TS_HI)), 1, S_T)
 
-            # -- p = sig * log2(e): a register that only feeds the multiplier (a DSP
-            # block), so that placement may put it next to the DSP column.
+            # -- p = sig * log2(e) (a DSP block) between registers that connect only
+            # to it (sig1 and p2), so that placement may put both next to the DSP
+            # column; p3 is the copy that the lane's logic reads.
             if log_ops:
-                sig_in = delay("sig", 11, sig0, 0, S_SIG)[S_SIG]
-                p_ = delay("p", _P_BITS, sig_in * LOG2E_INT, S_P - 1, S_P)
+                sig_in = delay("sig", 11, sig0, 0, S_P_DSP - 1)[S_P_DSP - 1]
+                p_ = delay("p", _P_BITS, sig_in * LOG2E_INT, S_P_DSP - 1, S_P)
 
             # -- |t|, i and f; leading zeros for the reciprocal ------------------------------
             if log_ops:
@@ -451,8 +459,8 @@ class Fp16Unary(wiring.Component):
                             q.eq(FP16_BIAS + lz_[k] - ex_a),
                         ]
             addr_r = r(10, f"addr{S_ADDR}", addr)
-            dx_ = delay("dx", DX_BITS, dx, k, S_ROMR)
-            q_ = delay("q", signed(8), q, k, S_PROD)
+            dx_ = delay("dx", DX_BITS, dx, k, S_MULIN)
+            q_ = delay("q", signed(8), q, k, S_Y - 1)
             direct_ = delay("direct", 1, direct, k, S_SH)
 
             # -- ROM read; shift limits ----------------------------------------------------
@@ -467,10 +475,15 @@ class Fp16Unary(wiring.Component):
                         k, S_Y)
 
             # -- ROM output register; c1 * dx (a DSP block) ----------------------------------
-            c0_ = delay("c0_", C0_BITS, rp.data[:C0_BITS], S_ROM, S_PROD)
-            c1_r = r(signed(C1_BITS), f"c1_{S_ROMR}", rp.data[C0_BITS:].as_signed())
-            prod = delay("prod", signed(C1_BITS + DX_BITS + 1), c1_r * dx_[S_ROMR],
-                         S_PROD - 1, S_PROD)
+            # The multiplier sits between registers that connect only to it (c1 and dx
+            # of S_MULIN, the product of S_PROD_DSP), so that placement may put them next
+            # to the DSP column, far from the lane's logic and its ROM: the routing there
+            # and back has a cycle of its own each way (it was the critical path).
+            c0_ = delay("c0_", C0_BITS, rp.data[:C0_BITS], S_ROM, S_Y - 1)
+            c1_ = delay("c1_", signed(C1_BITS), rp.data[C0_BITS:].as_signed(), S_ROM,
+                        S_MULIN)
+            prod = delay("prod", signed(C1_BITS + DX_BITS + 1),
+                         c1_[S_MULIN] * dx_[S_MULIN], S_MULIN, S_PROD)
 
             # -- y = c0 + (c1 * dx >> 11); exponent field candidates -----------------------
             k = S_Y - 1

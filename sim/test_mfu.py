@@ -68,7 +68,7 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
     after acceptance (``docs/mfu.md``, section 6).
 
     1 (the input vector into the first buffer) plus, per op, its unit's input buffer (1)
-    and latency (ADDSUB, MUL 6; ACT 13; REDUCE ``L - 1`` more vectors in, then its
+    and latency (ADDSUB, MUL 6; ACT 15; REDUCE ``L - 1`` more vectors in, then its
     latency); plus 1 when the first op reads a VRF (its first operand is in the read-
     ahead buffer only 2 edges after acceptance).
     """

@@ -62,7 +62,7 @@ def test_constructor_errors():
 
 def test_build_properties():
     dut = Fp16Unary(lanes=4, ops=[UnaryOp.EXP, "relu"])
-    assert dut.lanes == 4 and dut.latency == 13
+    assert dut.lanes == 4 and dut.latency == 15
     assert dut.ops == (UnaryOp.RELU, UnaryOp.EXP)
     assert dut.rom_depth == 128
     full = Fp16Unary(lanes=1)
