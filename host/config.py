@@ -227,6 +227,14 @@ class NpuConfig(MvmConfig):
                          counter_bits=self.counter_bits)
 
     @property
+    def direct_depth(self) -> int:
+        """Native vectors the core's reader buffers for chains without a product:
+        ``max(4, 2 * max_length)``, two whole instances, so that the reader can go on to
+        the next product's input while they wait for the MFU pipeline (``docs/npu.md``
+        section 3)."""
+        return max(4, 2 * self.max_length)
+
+    @property
     def mrf_words(self) -> int:
         """MRF words in the flat host address space (``host.isa.mrf_address``)."""
         return self.tiles * self.n * self.mrf_depth

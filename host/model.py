@@ -134,6 +134,7 @@ class _Clock:
         self.seq_free = 0
         self.seq_ends = []       # last sequencer cycle of each product
         self.mfu_free = 0        # the MFU pipeline can take the next chain
+        self.direct = []         # MFU arrivals of the last direct vectors (reader's buffer)
         self.retired = []        # retire cycles of the instances, in issue order
         self.done = 0
         self.flight = []         # (retire, writes) of instances maybe in flight
@@ -198,9 +199,15 @@ class _Clock:
             self.seq_ends.append(self.seq_free)
             arrive = [seq + (k + 1) * groups + self.back - 1 for k in range(length)]
         else:
-            # Direct vectors wait in the reader's 4-vector buffer for the MFU.
+            # Direct vectors wait in the reader's direct buffer for the MFU. The reader
+            # writes a vector only while fewer than depth - 1 wait there (earlier
+            # chains' included), so it is held until the vector depth - 1 places back
+            # has gone on to the MFU pipeline.
             arrive = [max(read + k, accept + 1 + k) for k in range(length)]
-            self.rd_free = max(read + c_in, arrive[-1] - 3) + 1
+            held = self.direct[1 - self.cfg.direct_depth:] + arrive
+            room = held[-self.cfg.direct_depth] if len(held) >= self.cfg.direct_depth else 0
+            self.rd_free = max(read + c_in, room) + 1
+            self.direct = held
         # Outputs: one per cycle at best, one per destination while the writer writes.
         out = max(accept + fill, arrive[0] + pipe)
         reduces = sum(op.unit is MfuUnit.REDUCE for op in ops)

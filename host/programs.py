@@ -283,10 +283,13 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
         o = sigmoid(mvm(U_o, h) + xw_o)
         h = tanh(c) * o                                pushed to the output queue
 
-    The chains run in the order f, i, o, c (the o product covers the wait of c for f and
-    i), then the next step's input products, then the current step's ``h`` chain, so the
-    MVM works on the input products while ``h`` is computed (the ``xw`` buffers alternate
-    by step).
+    Each step's chains run in the order: copy of the next ``x`` from the input queue, the
+    gates f, i, o, c (the o product covers the wait of c for f and i), the next step's
+    input products for f, i and o, the ``h`` chain, the next step's input product for c
+    (``docs/npu.md`` section 4). The input products after c keep the MVM busy while
+    the c chain passes the MFU pipeline; the c input product, issued after the ``h``
+    chain, keeps it busy while the ``h`` chain does, so that the next step's f gate finds
+    ``h`` written. The ``x`` and ``xw`` buffers alternate by step.
     ``refs["h"]``, ``refs["c"]`` hold the final state.
     """
     xs = np.atleast_2d(_f16(xs))
@@ -306,14 +309,18 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
     fc = bld.alloc(Space.ASVRF1, nt(h_len))
     bld.push(xs)
 
-    def inputs(t):
-        p = t % 2
-        bld.chain("netq", rows=x_len, writes=[x[p]])
-        for g in _GATES:
-            bld.chain(x[p], rows=h_len, mv_mul=slots[f"W_{g}"], cols=x_len,
-                      ops=[("vv", "add", bias[g])], writes=[xw[p][g]])
+    def copy(t):
+        if t < steps:
+            bld.chain("netq", rows=x_len, writes=[x[t % 2]])
 
-    inputs(0)
+    def product(t, g):
+        if t < steps:
+            bld.chain(x[t % 2], rows=h_len, mv_mul=slots[f"W_{g}"], cols=x_len,
+                      ops=[("vv", "add", bias[g])], writes=[xw[t % 2][g]])
+
+    copy(0)
+    for g in _GATES:
+        product(0, g)
     for t in range(steps):
         p = t % 2
 
@@ -321,15 +328,17 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
             bld.chain(h, rows=h_len, mv_mul=slots[f"U_{g}"], cols=h_len,
                       ops=[("vv", "add", xw[p][g])] + ops, writes=[out])
 
+        copy(t + 1)
         # o before c: c needs f and i, so a product stands between them and c's.
         gate("f", [("unary", "sigmoid"), ("vv", "mul", c)], fc)
         gate("i", [("unary", "sigmoid")], i_gate)
         gate("o", [("unary", "sigmoid")], o_gate)
         gate("c", [("unary", "tanh"), ("vv", "mul", i_gate), ("vv", "add", fc)], c)
-        if t + 1 < steps:
-            inputs(t + 1)
+        for g in "fio":
+            product(t + 1, g)
         bld.chain(c, rows=h_len, ops=[("unary", "tanh"), ("vv", "mul", o_gate)],
                   writes=[h, "netq"])
+        product(t + 1, "c")
     prog = bld.finish()
     prog.refs.update(h=h, c=c)
     return prog

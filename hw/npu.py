@@ -959,13 +959,15 @@ class NpuCore(wiring.Component):
 
         # =============================================================================
         # Reader: the source vectors of each instance (input queue or a vector memory),
-        # window by window, into a small buffer tagged with their destination
+        # window by window, into the MVM's buffer or the direct buffer
         # =============================================================================
         rq_r = data.View(_reader_layout(c), rq.r_data)
-        rb_layout = data.StructLayout({"values": vec, "to_mvm": unsigned(1)})
-        m.submodules.read_buf = rb = fifo.SyncFIFOBuffered(width=rb_layout.size, depth=4)
-        rb_w = data.View(rb_layout, rb.w_data)
-        rb_r = data.View(rb_layout, rb.r_data)
+        # Two buffers, so that the vectors of a chain without a product, waiting for the
+        # MFU pipeline to take their chain, do not hold back the next product's input:
+        # the MVM's is small, the direct one holds two whole chains (config.direct_depth).
+        m.submodules.mvm_buf = mb = fifo.SyncFIFOBuffered(width=vec.size, depth=4)
+        m.submodules.direct_buf = db = fifo.SyncFIFOBuffered(width=vec.size,
+                                                             depth=c.direct_depth)
         r_on = Signal()
         r_k = Signal(_count_bits(c))
         r_x = Signal(_count_bits(c))
@@ -979,7 +981,9 @@ class NpuCore(wiring.Component):
         p_to_mvm = Signal()
         p_lanes = Signal(bits_for(n))
         p_q = Signal(vec)
-        room = rb.level + p_valid < 3
+        # A vector read last cycle is written this cycle: count it in its buffer.
+        room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < 3,
+                   db.level + (p_valid & ~p_to_mvm) < c.direct_depth - 1)
         is_netq = r_cfg.space == Space.NETQ
         step = Signal()
         m.d.comb += step.eq(r_on & room & (~is_netq | inq.r_rdy))
@@ -1010,10 +1014,12 @@ class NpuCore(wiring.Component):
                         m.d.sync += r_on.eq(0)
         # Lanes past COLS in each pixel's last vector do not enter the MVM.
         p_data = Signal(vec)
+        p_vec = Signal(vec)
         m.d.comb += p_data.eq(Mux(p_netq, p_q.as_value(), rd_data.as_value()))
         for i in range(n):
-            m.d.comb += rb_w.values[i].eq(Mux(p_mask & (p_lanes <= i), 0, p_data[i]))
-        m.d.comb += [rb_w.to_mvm.eq(p_to_mvm), rb.w_en.eq(p_valid)]
+            m.d.comb += p_vec[i].eq(Mux(p_mask & (p_lanes <= i), 0, p_data[i]))
+        m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
+                     db.w_data.eq(p_vec), db.w_en.eq(p_valid & ~p_to_mvm)]
 
         # Host memory access shares the ports while no program runs.
         with m.If(~running):
@@ -1024,8 +1030,8 @@ class NpuCore(wiring.Component):
                          wr_en.eq(host_wr_en)]
 
         # Source vectors to the MVM.
-        m.d.comb += [mvm.x_stream.payload.eq(rb_r.values),
-                     mvm.x_stream.valid.eq(rb.r_rdy & rb_r.to_mvm)]
+        m.d.comb += [mvm.x_stream.payload.eq(mb.r_data), mvm.x_stream.valid.eq(mb.r_rdy),
+                     mb.r_en.eq(mvm.x_stream.ready)]
 
         # =============================================================================
         # Feeder: each instance's chain configuration, then its L vectors (MVM results
@@ -1039,15 +1045,14 @@ class NpuCore(wiring.Component):
         with m.If(mfu.chain.valid & mfu.chain.ready):
             m.d.sync += [configured.eq(1), f_count.eq(0)]
         from_mvm = fq_r.to_mvm
-        src_valid = Mux(from_mvm, mvm.y_stream.valid, rb.r_rdy & ~rb_r.to_mvm)
-        src_data = Mux(from_mvm, mvm.y_stream.payload.as_value(), rb_r.values.as_value())
+        src_valid = Mux(from_mvm, mvm.y_stream.valid, db.r_rdy)
+        src_data = Mux(from_mvm, mvm.y_stream.payload.as_value(), db.r_data)
         feeding = configured & fq.r_rdy
         m.d.comb += [
             mfu.i_stream.valid.eq(feeding & src_valid),
             mfu.i_stream.payload.eq(src_data),
             mvm.y_stream.ready.eq(feeding & from_mvm & mfu.i_stream.ready),
-            rb.r_en.eq(rb.r_rdy & Mux(rb_r.to_mvm, mvm.x_stream.ready,
-                                      feeding & ~from_mvm & mfu.i_stream.ready)),
+            db.r_en.eq(feeding & ~from_mvm & mfu.i_stream.ready),
         ]
         with m.If(mfu.i_stream.valid & mfu.i_stream.ready):
             m.d.sync += f_count.eq(f_count + 1)
