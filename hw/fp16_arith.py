@@ -123,8 +123,7 @@ class Fp16Binary(wiring.Component):
     and so it treats an op left out of ``ops``.
 
     **Datapath** (per lane, ``docs/mfu-arith.md``). The operands are ordered by magnitude
-    (``x`` the larger); the multiplier takes the significands straight from the input
-    into registers of its own (the product commutes, so it needs no order).
+    (``x`` the larger); the multiplier uses the same ordered pair, since it commutes.
     An addition aligns ``y`` to ``x`` keeping three extra bits with a sticky bit jammed
     into the lowest, adds or subtracts (15 bits, exact up to the jammed bit); a product is
     the exact 22-bit product of the significands. Either one then goes through the same
@@ -139,10 +138,7 @@ class Fp16Binary(wiring.Component):
     1. decode, magnitude compare (operand order and ``MAX``), exponent difference,
        operand kinds; the lane's copy of the op;
     2. the op decoded: signs, special results | align ``y`` (shift right by up to 15,
-       sticky) | multiply the significands (a DSP block, between the multiplier's own
-       operand registers of stage 1, which feed nothing else, and the product register:
-       placement can put the operand registers next to the DSP column, so that the
-       routing to it has a cycle of its own); back-end exponent code;
+       sticky) | multiply the significands; back-end exponent code;
     3. add or subtract | select the sum or the product for the back end; marker bit;
     4. leading-zero count (stopped at the subnormal boundary by a marker bit placed in
        stage 3), shift amount, sign of a zero result;
@@ -373,14 +369,6 @@ class Fp16Binary(wiring.Component):
 
         s1_mx = reg(_SIG, f"s1_mx{i}", mx)
         s1_my = reg(_SIG, f"s1_my{i}", my)
-        if has_mul:
-            # The multiplier's operands: registers that feed the DSP block alone, from the
-            # input rather than from the comparator (mx * my = ma * mb), so that placement
-            # can put them beside the DSP column. Fed by s1_mx and s1_my, which sit by the
-            # lane's logic, the DSP's cycle held the routing there and back (11.7 ns, the
-            # MFU's critical path, docs/mfu.md section 10).
-            s1_ma = reg(_SIG, f"s1_ma{i}", ma)
-            s1_mb = reg(_SIG, f"s1_mb{i}", mb)
         s1_d = reg(FP16_EXP_BITS, f"s1_d{i}", d)
         s1_xa = reg(FP16_EXP_BITS, f"s1_xa{i}", xa)
         s1_xb = reg(FP16_EXP_BITS, f"s1_xb{i}", xb)
@@ -415,7 +403,7 @@ class Fp16Binary(wiring.Component):
         # Bit j of y (weight j + 3 in the 14-bit aligned word) is shifted out iff
         # j + 3 < d: the sticky bit straight from y and d, beside the shifter.
         align_sticky = Cat(s1_my[j] & (s1_d > j + _EXTRA) for j in range(_SIG)).any()
-        product = comb(_BE_W, "product", s1_ma * s1_mb if has_mul else 0)
+        product = comb(_BE_W, "product", s1_mx * s1_my if has_mul else 0)
         # Back-end exponent code K = Z + 12 (see the module constants):
         #   sum: the 15-bit sum's bit 14 is one place above x's hidden bit, Z = ex + 1;
         #   product: value ma*mb * 2**(xa + xb - 50), leading one at bit 21 means exponent
