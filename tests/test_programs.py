@@ -235,7 +235,7 @@ def test_program_text_round_trips(cfg):
 
 def test_lstm_utilization_prediction():
     """The bench build of issue 5 (N = 16, T = 2), LSTM 256/256, 10 steps: the timing
-    model's prediction is within 2% (the issue asks for 10%) of the 10,418 cycles the core
+    model's prediction is within 2% (the issue asks for 10%) of the 10,422 cycles the core
     took for this program (``python -m bench lstm``, Verilator; the cycles do not depend
     on the values or on the memory depths that are not derived from ``max_length``), 100%
     MVM utilization in steady state (``docs/npu.md`` section 4)."""
@@ -251,4 +251,4 @@ def test_lstm_utilization_prediction():
     utilization = useful / (cfg.mvm.macs_per_cycle * result.cycles_predicted)
     print(f"predicted {result.cycles_predicted} cycles, {result.cycles_predicted / steps:.0f} "
           f"per step, MVM utilization {100 * utilization:.1f}%")
-    assert abs(result.cycles_predicted - 10418) < 0.02 * 10418
+    assert abs(result.cycles_predicted - 10422) < 0.02 * 10422
