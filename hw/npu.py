@@ -982,8 +982,8 @@ class NpuCore(wiring.Component):
         p_lanes = Signal(bits_for(n))
         p_q = Signal(vec)
         # A vector read last cycle is written this cycle: count it in its buffer.
-        room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < 3,
-                   db.level + (p_valid & ~p_to_mvm) < c.direct_depth - 1)
+        room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < mb.depth - 1,
+                   db.level + (p_valid & ~p_to_mvm) < db.depth - 1)
         is_netq = r_cfg.space == Space.NETQ
         step = Signal()
         m.d.comb += step.eq(r_on & room & (~is_netq | inq.r_rdy))
