@@ -20,6 +20,8 @@ from amaranth.hdl import Cat, ClockDomain, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.dsp import ECP5_TARGET
+
 __all__ = [
     "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
     "place_and_route", "pnr_records",
@@ -357,7 +359,9 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
 
     t0 = time.monotonic()
     shim = IoShim(component)
-    il_text = rtlil.convert(shim, name=name, emit_src=False)
+    # Elaborated for the ECP5: units with multipliers then use the MULT18X18D's own
+    # registers (hw.dsp), as they do in the ULX3S build.
+    il_text = rtlil.convert(shim, name=name, emit_src=False, platform=ECP5_TARGET)
     (build_dir / f"{name}.il").write_text(il_text)
     # Without multipliers the Booth pre-pass would only reorder the netlist (and so move
     # the placement): leave it out, so that booth_max_width cannot change such results.

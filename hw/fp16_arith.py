@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 
 from host.fp16 import CANONICAL_NAN, BinaryOp
 from host.formats import FP16_BITS, FP16_EXP_BITS, FP16_FRAC_BITS, check_int
+from hw.dsp import has_ecp5_dsp, registered_product
 
 __all__ = ["Fp16Binary", "LATENCY", "SIDE_MAX", "input_layout", "output_layout"]
 
@@ -320,7 +321,8 @@ class Fp16Binary(wiring.Component):
                    is_op(BinaryOp.B_SUB_A, "s1_flip_a"),      # b - a = (-a) + b
                    is_op(BinaryOp.A_SUB_B, "s1_flip_b"))      # a - b = a + (-b)
             result = self._lane(m, reg, i, self.i_stream.payload.a[i],
-                                self.i_stream.payload.b[i], ops, BinaryOp.MUL in built)
+                                self.i_stream.payload.b[i], ops, BinaryOp.MUL in built,
+                                dsp_enable=en if has_ecp5_dsp(platform) else None)
             held = hold(f"lane{i}", skid_c, out_c, result)
             m.d.comb += [
                 out.result[i].eq(held[:FP16_BITS]),
@@ -330,11 +332,13 @@ class Fp16Binary(wiring.Component):
         return m
 
     @staticmethod
-    def _lane(m, reg, i, a, b, ops, has_mul):
+    def _lane(m, reg, i, a, b, ops, has_mul, dsp_enable=None):
         """One lane; ``ops`` are the decode flags (``is_mul``, ``is_max``, ``flip_a``,
         ``flip_b``) of the lane's op register, valid in stage 2; without ``has_mul`` no
-        multiplier is built. Returns stage 6's output, 18 bits: the result, then the
-        ``overflow`` and ``nan_created`` flags."""
+        multiplier is built. With ``dsp_enable`` (the lane's register enable, given on an
+        ECP5) the multiplier is a MULT18X18D whose own registers stand for the operand
+        registers and ``s2_prod`` (:func:`hw.dsp.registered_product`). Returns stage 6's
+        output, 18 bits: the result, then the ``overflow`` and ``nan_created`` flags."""
         def comb(shape, name, value):
             s = Signal(shape, name=f"{name}{i}")
             m.d.comb += s.eq(value)
@@ -403,7 +407,12 @@ class Fp16Binary(wiring.Component):
         # Bit j of y (weight j + 3 in the 14-bit aligned word) is shifted out iff
         # j + 3 < d: the sticky bit straight from y and d, beside the shifter.
         align_sticky = Cat(s1_my[j] & (s1_d > j + _EXTRA) for j in range(_SIG)).any()
-        product = comb(_BE_W, "product", s1_mx * s1_my if has_mul else 0)
+        if has_mul and dsp_enable is not None:
+            # The DSP's input registers load mx and my beside s1_mx and s1_my, so the
+            # product register is s2_prod and no cycle holds the DSP and its routing.
+            dsp_prod = registered_product(m, mx, my, enable=dsp_enable, name=f"mul{i}")
+        else:
+            product = comb(_BE_W, "product", s1_mx * s1_my if has_mul else 0)
         # Back-end exponent code K = Z + 12 (see the module constants):
         #   sum: the 15-bit sum's bit 14 is one place above x's hidden bit, Z = ex + 1;
         #   product: value ma*mb * 2**(xa + xb - 50), leading one at bit 21 means exponent
@@ -413,7 +422,10 @@ class Fp16Binary(wiring.Component):
         s2_mx = reg(_SIG, f"s2_mx{i}", s1_mx)
         s2_y = reg(_ADD_W, f"s2_y{i}", aligned)
         s2_sticky = reg(1, f"s2_sticky{i}", align_sticky)
-        s2_prod = reg(_BE_W, f"s2_prod{i}", product)
+        if has_mul and dsp_enable is not None:
+            s2_prod = dsp_prod
+        else:
+            s2_prod = reg(_BE_W, f"s2_prod{i}", product)
         s2_k = reg(_K_BITS, f"s2_k{i}", k_code)
         s2_sign = reg(1, f"s2_sign{i}", sign)
         s2_sub = reg(1, f"s2_sub{i}", eff_sub & ~s1_mul)

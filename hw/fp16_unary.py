@@ -10,6 +10,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from host.formats import FP16_BIAS, check_int
+from hw.dsp import has_ecp5_dsp, registered_product
 from host.unary import (
     C0_BITS, C0_FRAC_BITS, C1_BITS, DX_BITS, LOG2E_FRAC_BITS, LOG2E_INT, REGIONS,
     ROM_WORD_BITS, SIG_TABLES, T_CLAMP_EXP, T_FRAC_BITS, T_INT_BITS, TANH_SMALL_BINADES,
@@ -254,7 +255,8 @@ class Fp16Unary(wiring.Component):
                 ops[k] = reg(3, f"l{lane}_op{k}", ops[k - 1])
             res, ovf, nanc = self._lane(m, lane, payload_x[lane], ops, has, layout,
                                         read_ports[lane] if read_ports else None,
-                                        lane_advance, wire, reg)
+                                        lane_advance, wire, reg,
+                                        dsp=has_ecp5_dsp(platform))
             layout_l = data.StructLayout({"result": unsigned(16), "overflow": unsigned(1),
                                           "nan_created": unsigned(1)})
             result = Signal(layout_l, name=f"l{lane}_result")
@@ -281,11 +283,14 @@ class Fp16Unary(wiring.Component):
                     m.d.sync += skid.eq(result)
         return m
 
-    def _lane(self, m, lane, x_in, ops, has, layout, rp, advance, wire, reg):
+    def _lane(self, m, lane, x_in, ops, has, layout, rp, advance, wire, reg, dsp=False):
         """One lane's pipeline; returns its result, overflow and nan_created, computed
         from the last stage's registers (the output register's input).
 
-        ``ops[k]`` (``k >= 1``) is the lane's copy of the op in register ``k``.
+        ``ops[k]`` (``k >= 1``) is the lane's copy of the op in register ``k``. With
+        ``dsp`` (an ECP5) each multiplier is a MULT18X18D whose own input and output
+        registers stand for the operand and product registers
+        (:func:`hw.dsp.registered_product`); the stages are the same.
         """
         def is_op(k, op):
             if not has[op]:
@@ -380,7 +385,11 @@ class Fp16Unary(wiring.Component):
             # -- p = sig * log2(e) (a DSP block) between registers that connect only
             # to it (sig1 and p2), so that placement may put both next to the DSP
             # column; p3 is the copy that the lane's logic reads.
-            if log_ops:
+            if log_ops and dsp:
+                p_dsp = registered_product(m, sig0, Const(LOG2E_INT), enable=advance,
+                                           name=f"l{lane}_sig_log2e")
+                p_ = delay("p", _P_BITS, p_dsp, S_P_DSP, S_P)
+            elif log_ops:
                 sig_in = delay("sig", 11, sig0, 0, S_P_DSP - 1)[S_P_DSP - 1]
                 p_ = delay("p", _P_BITS, sig_in * LOG2E_INT, S_P_DSP - 1, S_P)
 
@@ -459,7 +468,9 @@ class Fp16Unary(wiring.Component):
                             q.eq(FP16_BIAS + lz_[k] - ex_a),
                         ]
             addr_r = r(10, f"addr{S_ADDR}", addr)
-            dx_ = delay("dx", DX_BITS, dx, k, S_MULIN)
+            # On an ECP5 the DSP's input registers stand for c1 and dx of S_MULIN.
+            mul_in = S_MULIN - 1 if dsp else S_MULIN
+            dx_ = delay("dx", DX_BITS, dx, k, mul_in)
             q_ = delay("q", signed(8), q, k, S_Y - 1)
             direct_ = delay("direct", 1, direct, k, S_SH)
 
@@ -481,9 +492,15 @@ class Fp16Unary(wiring.Component):
             # and back has a cycle of its own each way (it was the critical path).
             c0_ = delay("c0_", C0_BITS, rp.data[:C0_BITS], S_ROM, S_Y - 1)
             c1_ = delay("c1_", signed(C1_BITS), rp.data[C0_BITS:].as_signed(), S_ROM,
-                        S_MULIN)
-            prod = delay("prod", signed(C1_BITS + DX_BITS + 1),
-                         c1_[S_MULIN] * dx_[S_MULIN], S_MULIN, S_PROD)
+                        mul_in)
+            if dsp:
+                prod_dsp = registered_product(m, c1_[mul_in], dx_[mul_in], enable=advance,
+                                              name=f"l{lane}_c1_dx")
+                prod = delay("prod", signed(C1_BITS + DX_BITS + 1), prod_dsp, S_PROD_DSP,
+                             S_PROD)
+            else:
+                prod = delay("prod", signed(C1_BITS + DX_BITS + 1),
+                             c1_[S_MULIN] * dx_[S_MULIN], S_MULIN, S_PROD)
 
             # -- y = c0 + (c1 * dx >> 11); exponent field candidates -----------------------
             k = S_Y - 1

@@ -38,6 +38,10 @@ SIMULATORS = ("verilator", "icarus")
 
 # Amaranth's Verilog trips Verilator's width lint (see SPEC section 7). These are build
 # options only; passing them at run time would be an error.
+#: Simulation models of the ECP5 primitives that a design elaborated for the ECP5
+#: instantiates (``hw.dsp``); pass them as ``extra_sources`` with that platform.
+ECP5_MODELS = (REPO_ROOT / "sim" / "models" / "MULT18X18D.v",)
+
 VERILATOR_BUILD_ARGS = ("-Wno-WIDTH", "-Wno-fatal")
 # cocotb's runner compiles with -g2012; a later -g2005 wins. Under SystemVerilog rules a
 # declaration initializer sets its variable before time 0 without an event, so the
@@ -226,6 +230,8 @@ def run_cocotb(
     testcase: str | None = None,
     seed: int | None = None,
     waves: bool | None = None,
+    platform=None,
+    extra_sources: tuple[Path, ...] = (),
 ) -> None:
     """Build ``component`` as Verilog module ``name`` and run cocotb ``test_module`` on it.
 
@@ -240,6 +246,11 @@ def run_cocotb(
         testcase: run only this cocotb test (comma-separated names allowed).
         seed: cocotb random seed (``COCOTB_RANDOM_SEED``).
         waves: record waveforms; default ``$WAVES == 1``. Changing it rebuilds.
+        platform: the elaboration platform (default ``None``); e.g.
+            ``hw.dsp.ECP5_TARGET`` elaborates the ECP5 form of the design, whose vendor
+            primitives then need models in ``extra_sources``.
+        extra_sources: Verilog files compiled with the design (simulation models of
+            the primitives it instantiates); their text is part of the build key.
 
     Raises:
         ValueError: unknown simulator or invalid name.
@@ -269,7 +280,8 @@ def run_cocotb(
 
     build_dir = BUILD_ROOT / name / simulator
     source = build_dir / f"{name}.v"
-    text = verilog.convert(component, name=name)
+    text = verilog.convert(component, name=name, platform=platform)
+    extra_sources = tuple(Path(p).resolve() for p in extra_sources)
     build_args = list(VERILATOR_BUILD_ARGS if simulator == "verilator" else ICARUS_BUILD_ARGS)
 
     # Everything the compiled model depends on. Python-side test changes do not rebuild,
@@ -278,7 +290,8 @@ def run_cocotb(
     key = hashlib.sha256(
         "\0".join(
             [_BUILD_RECIPE_VERSION, simulator, _tool_version(simulator), repr(build_args),
-             repr(TIMESCALE), f"waves={waves}", design_text(text)]
+             repr(TIMESCALE), f"waves={waves}", design_text(text),
+             *(f"{p.name}\n{p.read_text()}" for p in extra_sources)]
         ).encode()
     ).hexdigest()
     key_file = build_dir / ".build-key"
@@ -313,7 +326,7 @@ def run_cocotb(
             with _patched_environ({**wave_env, **_build_env(simulator)}):
                 try:
                     runner.build(
-                        sources=[source],
+                        sources=[source, *extra_sources],
                         hdl_toplevel=name,
                         build_dir=build_dir,
                         build_args=build_args,
