@@ -408,9 +408,11 @@ class Fp16Binary(wiring.Component):
         # j + 3 < d: the sticky bit straight from y and d, beside the shifter.
         align_sticky = Cat(s1_my[j] & (s1_d > j + _EXTRA) for j in range(_SIG)).any()
         if has_mul and dsp_enable is not None:
-            # The DSP's input registers load mx and my beside s1_mx and s1_my, so the
-            # product register is s2_prod and no cycle holds the DSP and its routing.
-            dsp_prod = registered_product(m, mx, my, enable=dsp_enable, name=f"mul{i}")
+            # The DSP's input registers load the significands as they come (the product
+            # commutes: ma * mb = mx * my), not the ordered mx and my, so the magnitude
+            # comparator is not in front of the routing to the DSP column; its output
+            # register is s2_prod, and no cycle holds the DSP and its routing.
+            dsp_prod = registered_product(m, ma, mb, enable=dsp_enable, name=f"mul{i}")
         else:
             product = comb(_BE_W, "product", s1_mx * s1_my if has_mul else 0)
         # Back-end exponent code K = Z + 12 (see the module constants):
