@@ -163,8 +163,11 @@ class ByteCrc(wiring.Component):
     """
 
     def __init__(self, crc: CrcDef):
+        # A unit whose parameter was refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         if not isinstance(crc, CrcDef):
             raise TypeError(f"crc must be a CrcDef, not {crc!r}")
+        self._MustUse__silence = False
         self._crc = crc
         super().__init__({"clear": In(1), "en": In(1), "data": In(8),
                           "value": Out(crc.width), "residue_next": Out(1)})

@@ -77,7 +77,10 @@ class UartRx(wiring.Component):
     """
 
     def __init__(self, divisor: int):
+        # A unit whose parameter was refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         self._divisor = _check_divisor(divisor)
+        self._MustUse__silence = False
         super().__init__({"rx": In(1, init=1), "o_stream": Out(stream.Signature(8)),
                           "overruns": Out(16), "framing_errors": Out(16)})
 
@@ -162,7 +165,10 @@ class UartTx(wiring.Component):
     """
 
     def __init__(self, divisor: int):
+        # A unit whose parameter was refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         self._divisor = _check_divisor(divisor)
+        self._MustUse__silence = False
         super().__init__({"i_stream": In(stream.Signature(8)), "tx": Out(1, init=1)})
 
     @property
