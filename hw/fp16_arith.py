@@ -407,13 +407,8 @@ class Fp16Binary(wiring.Component):
         # Bit j of y (weight j + 3 in the 14-bit aligned word) is shifted out iff
         # j + 3 < d: the sticky bit straight from y and d, beside the shifter.
         align_sticky = Cat(s1_my[j] & (s1_d > j + _EXTRA) for j in range(_SIG)).any()
-        if has_mul and dsp_enable is not None:
-            # The DSP's input registers load the significands as they come (the product
-            # commutes: ma * mb = mx * my), not the ordered mx and my, so the magnitude
-            # comparator is not in front of the routing to the DSP column; its output
-            # register is s2_prod, and no cycle holds the DSP and its routing.
-            dsp_prod = registered_product(m, ma, mb, enable=dsp_enable, name=f"mul{i}")
-        else:
+        use_dsp = has_mul and dsp_enable is not None
+        if not use_dsp:
             product = comb(_BE_W, "product", s1_mx * s1_my if has_mul else 0)
         # Back-end exponent code K = Z + 12 (see the module constants):
         #   sum: the 15-bit sum's bit 14 is one place above x's hidden bit, Z = ex + 1;
@@ -424,8 +419,12 @@ class Fp16Binary(wiring.Component):
         s2_mx = reg(_SIG, f"s2_mx{i}", s1_mx)
         s2_y = reg(_ADD_W, f"s2_y{i}", aligned)
         s2_sticky = reg(1, f"s2_sticky{i}", align_sticky)
-        if has_mul and dsp_enable is not None:
-            s2_prod = dsp_prod
+        if use_dsp:
+            # The DSP's input registers load the significands as they come (the product
+            # commutes: ma * mb = mx * my), not the ordered mx and my, so the magnitude
+            # comparator is not in front of the routing to the DSP column; its output
+            # register is s2_prod, and no cycle holds the DSP and its routing.
+            s2_prod = registered_product(m, ma, mb, enable=dsp_enable, name=f"mul{i}")
         else:
             s2_prod = reg(_BE_W, f"s2_prod{i}", product)
         s2_k = reg(_K_BITS, f"s2_k{i}", k_code)

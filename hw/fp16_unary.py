@@ -10,12 +10,12 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from host.formats import FP16_BIAS, check_int
-from hw.dsp import has_ecp5_dsp, registered_product
 from host.unary import (
     C0_BITS, C0_FRAC_BITS, C1_BITS, DX_BITS, LOG2E_FRAC_BITS, LOG2E_INT, REGIONS,
     ROM_WORD_BITS, SIG_TABLES, T_CLAMP_EXP, T_FRAC_BITS, T_INT_BITS, TANH_SMALL_BINADES,
     Y_BITS, UnaryOp, parse_ops, rom_depth, rom_layout, rom_words,
 )
+from hw.dsp import has_ecp5_dsp, registered_product
 
 __all__ = ["Fp16Unary", "LATENCY", "LANES_MAX"]
 

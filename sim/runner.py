@@ -36,12 +36,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_ROOT = REPO_ROOT / "build" / "sim"
 SIMULATORS = ("verilator", "icarus")
 
-# Amaranth's Verilog trips Verilator's width lint (see SPEC section 7). These are build
-# options only; passing them at run time would be an error.
 #: Simulation models of the ECP5 primitives that a design elaborated for the ECP5
 #: instantiates (``hw.dsp``); pass them as ``extra_sources`` with that platform.
 ECP5_MODELS = (REPO_ROOT / "sim" / "models" / "MULT18X18D.v",)
 
+# Amaranth's Verilog trips Verilator's width lint (see SPEC section 7). These are build
+# options only; passing them at run time would be an error.
 VERILATOR_BUILD_ARGS = ("-Wno-WIDTH", "-Wno-fatal")
 # cocotb's runner compiles with -g2012; a later -g2005 wins. Under SystemVerilog rules a
 # declaration initializer sets its variable before time 0 without an event, so the
