@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from amaranth.hdl import Module
-from amaranth.lib import fifo, stream, wiring
+from amaranth.hdl import Elaboratable, Module
+from amaranth.lib import fifo, io, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from host.config import NpuConfig
@@ -150,7 +150,7 @@ class NpuBoard(wiring.Component):
         return m
 
 
-class ULX3STop:
+class ULX3STop(Elaboratable):
     """:class:`NpuBoard` on a ULX3S: 25 MHz clock, the FTDI UART (``uart`` 0).
 
     Parameters
@@ -160,15 +160,20 @@ class ULX3STop:
     """
 
     def __init__(self, config: NpuConfig, baud: int = DEFAULT_BAUD):
+        # A top whose parameters were refused is no unused elaboratable worth a warning.
+        self._MustUse__silence = True
         self._config = _check_config(config)
         self._baud = baud
+        self._MustUse__silence = False
 
     def elaborate(self, platform):
         m = Module()
-        uart = platform.request("uart", 0)
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
         m.submodules.npu = npu = NpuBoard(self._config, int(platform.default_clk_frequency),
                                           self._baud)
-        m.d.comb += [npu.rx.eq(uart.rx.i), uart.tx.o.eq(npu.tx)]
+        m.d.comb += [npu.rx.eq(rx.i), tx.o.eq(npu.tx)]
         return m
 
 

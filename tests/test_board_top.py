@@ -1,0 +1,44 @@
+"""The ULX3S top (``hw.board.ULX3STop``) as ``make bitstream`` builds it, short of the tools.
+
+``amaranth_boards``' ULX3S-85F platform prepares the build (elaboration, RTLIL, pin
+constraints and build script) without running Yosys or nextpnr; what that checks:
+the top is an elaboratable the platform accepts, the serial lines are on the FTDI pins,
+the clock is the board's 25 MHz oscillator, and on the real platform the multipliers are
+the ECP5 form (``hw.dsp``) that the simulations of ``tests/test_dsp_hw.py`` cover.
+"""
+
+import pytest
+
+from host.config import NpuConfig
+
+ulx3s = pytest.importorskip("amaranth_boards.ulx3s", reason="the fpga extra is not installed")
+
+
+def _plan(config, baud=1_000_000):
+    from hw.board import ULX3STop
+    return ulx3s.ULX3S_85F_Platform().prepare(ULX3STop(config, baud), name="npu")
+
+
+def test_ulx3s_top_prepares():
+    config = NpuConfig(n=4, tiles=1, mrf_depth=16, max_col_tiles=4, ivrf_depth=16,
+                       vrf_depth=16, netq_depth=16, program_depth=16, max_length=2,
+                       unary_ops=["relu"])
+    plan = _plan(config)
+    files = plan.files
+    assert {"npu.il", "npu.lpf", "build_npu.sh"} <= set(files)
+    lpf = files["npu.lpf"]
+    lpf = lpf if isinstance(lpf, str) else lpf.decode()
+    # FTDI UART: the FPGA receives on M1 and sends on L4; the clock is G2 at 25 MHz.
+    for site in ('"M1"', '"L4"', '"G2"'):
+        assert site in lpf, f"{site} missing from the pin constraints:\n{lpf}"
+    assert "FREQUENCY PORT" in lpf and "25000000" in lpf.replace(".0", "")
+    il = files["npu.il"]
+    il = il if isinstance(il, str) else il.decode()
+    # The MFUs' MUL units are MULT18X18D instances with their own registers on an ECP5.
+    assert "cell \\MULT18X18D " in il
+
+
+def test_ulx3s_top_refuses_bad_parameters():
+    from hw.board import ULX3STop
+    with pytest.raises(TypeError, match="config must be an NpuConfig, not 16"):
+        ULX3STop(16)
