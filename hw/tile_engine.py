@@ -258,9 +258,10 @@ class TileEngine(wiring.Component):
     has ``config.mrf_depth`` words of ``config.weight_block_bits`` bits
     (``block_layout(n, m_w)``). On a compute read (``rd_en``) all ``N`` memories read the
     word at ``rd_addr`` and the vector bank reads the block at ``vrd_addr``; two cycles
-    later (the memory's registered read, then the output register that ECP5 block RAM
-    has for free) each engine gets its weight word and its *own* registered copy of the
-    vector block (the fan-out to ``N x N`` multipliers is what limits Fmax otherwise;
+    later (the memory's registered read, then an output register, which Yosys maps to
+    fabric flip-flops rather than the DP16KD's own) each engine gets its weight word and
+    its *own* registered copy of the vector block (the fan-out to ``N x N`` multipliers
+    is what limits Fmax otherwise;
     ``docs/mvm.md``). ``enable`` low turns that copy into zeros (a column tile past ``C``
     or no compute read at all), so the product and its narrow events are zero.
 
@@ -389,8 +390,9 @@ class TileEngine(wiring.Component):
                 wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_rows[i]),
                 rp.addr.eq(self.rd_addr), rp.en.eq(self.rd_en),
             ]
-            # Cycle 2: the block RAM's output register, and this engine's own copy of
-            # the vector block (kept: merging the N copies back defeats their purpose).
+            # Cycle 2: the word's output register (fabric flip-flops), and this engine's own
+            # copy of the vector block (kept: merging the N copies back defeats their
+            # purpose).
             word = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}")
             m.d.sync += word.eq(rp.data)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
