@@ -11,7 +11,7 @@ from host.config import MvmConfig
 
 from bench.fpga import BUILD_ROOT, place_and_route, pnr_records
 
-__all__ = ["CONFIG", "TARGET_MHZ", "run"]
+__all__ = ["CONFIG", "DSP_LANES", "TARGET_MHZ", "run"]
 
 #: The measured build. ``mrf_depth = 512``: an MRF word (one tile row) is
 #: ``8 + 16*4 = 72`` bits, and 512 x 72 bits fill exactly two DP16KD in their widest
@@ -22,6 +22,12 @@ __all__ = ["CONFIG", "TARGET_MHZ", "run"]
 #: up to 1024 elements) and 32-bit counters are the ``MvmConfig`` defaults.
 CONFIG = MvmConfig(n=16, tiles=2, mantissa_bits_v=4, mantissa_bits_w=4, mrf_depth=512,
                    max_col_tiles=64, counter_bits=32)
+
+#: Products of each dot-product engine on MULT18X18D blocks (``Mvm(dsp_lanes=)``,
+#: ``docs/dsp.md``): ``T*N*4 = 128`` of the LFE5U-85F's 156 (the command check's ``R*G``
+#: takes one more). In synthesis this takes 3,487 LUT4 sites off the fabric (72,100 ->
+#: 68,613 LUT4 + 2 x CCU2C) and 896 flip-flops.
+DSP_LANES = 4
 
 #: Clock target of the issue (``--freq``; it only draws nextpnr's pass/fail line).
 TARGET_MHZ = 100.0
@@ -36,12 +42,13 @@ def run():
     from hw.mvm import Mvm
 
     c = CONFIG
-    result = place_and_route(Mvm(c), name="mvm", build_dir=BUILD_ROOT / "mvm",
+    result = place_and_route(Mvm(c, dsp_lanes=DSP_LANES), name="mvm",
+                             build_dir=BUILD_ROOT / "mvm",
                              target_mhz=TARGET_MHZ, timeout=TOOL_TIMEOUT_S)
     config = {"design": "hw.mvm.Mvm", "n": c.n, "tiles": c.tiles,
               "mantissa_bits_v": c.mantissa_bits_v, "mantissa_bits_w": c.mantissa_bits_w,
               "mrf_depth": c.mrf_depth, "max_col_tiles": c.max_col_tiles,
-              "counter_bits": c.counter_bits}
+              "counter_bits": c.counter_bits, "dsp_lanes": DSP_LANES}
     records = pnr_records("mvm", result, config)
     # Steady state: every tile engine finishes one N x N tile product per cycle.
     macs = c.tiles * c.n * c.n

@@ -13,7 +13,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from host.config import MvmConfig
 from host.formats import (
-    E8M0_BIAS, FP16_BITS, MVM_EXP_MAX, Rounding, block_layout,
+    E8M0_BIAS, FP16_BITS, MVM_EXP_MAX, Rounding, block_layout, check_int,
 )
 
 from .fp16_convert import LATENCY as CONVERTER_LATENCY
@@ -154,6 +154,12 @@ class Mvm(wiring.Component):
     ----------
     config : MvmConfig
         The build parameters; every width derives from it.
+    dsp_lanes : int, 0..n, default 0
+        Products of each dot-product engine formed on the ECP5's MULT18X18D blocks when
+        the MVM is elaborated for an ECP5 (``T * N * dsp_lanes`` of them, lanes
+        ``0 .. dsp_lanes - 1`` of every engine; :class:`hw.tile_engine.DotProductEngine`).
+        A mapping choice only: no result, cycle or port changes, and without an ECP5 it
+        has no effect.
 
     Attributes
     ----------
@@ -188,13 +194,17 @@ class Mvm(wiring.Component):
     Raises
     ------
     TypeError
-        ``config`` is not an :class:`~host.config.MvmConfig`.
+        ``config`` is not an :class:`~host.config.MvmConfig`; ``dsp_lanes`` is not an
+        integer.
+    ValueError
+        ``dsp_lanes`` is not from 0 to ``config.n``.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, dsp_lanes=0):
         if not isinstance(config, MvmConfig):
             raise TypeError(f"config must be an MvmConfig, not {config!r}")
         self._config = c = config
+        self._dsp_lanes = check_int("dsp_lanes", dsp_lanes, 0, c.n)
         cb = c.counter_bits
         super().__init__({
             "cmd": In(stream.Signature(command_layout(c))),
@@ -220,6 +230,11 @@ class Mvm(wiring.Component):
     def config(self):
         """The build parameters."""
         return self._config
+
+    @property
+    def dsp_lanes(self):
+        """Products per dot-product engine on DSP blocks when elaborated for an ECP5."""
+        return self._dsp_lanes
 
     # --- pipeline geometry (docs/mvm.md) ------------------------------------------------
 
@@ -254,7 +269,7 @@ class Mvm(wiring.Component):
             n=n, mantissa_bits=c.mantissa_bits_w, counter_bits=cb)
         engines = []
         for t in range(tiles):
-            e = TileEngine(c)
+            e = TileEngine(c, dsp_lanes=self._dsp_lanes)
             m.submodules[f"engine{t}"] = e
             engines.append(e)
         m.submodules.accumulator = acc = BfpAccumulator(c)

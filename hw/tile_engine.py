@@ -16,7 +16,9 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from host.config import MvmConfig
-from host.formats import E8M0_BIAS, block_layout
+from host.formats import E8M0_BIAS, block_layout, check_int
+
+from .dsp import has_ecp5_dsp, registered_product
 
 __all__ = [
     "DotProductEngine", "TileEngine", "shift_offset", "shift_range", "shift_shape",
@@ -36,6 +38,10 @@ def _check_config(config):
     if not isinstance(config, MvmConfig):
         raise TypeError(f"config must be an MvmConfig, not {config!r}")
     return config
+
+
+def _check_dsp_lanes(config, dsp_lanes):
+    return check_int("dsp_lanes", dsp_lanes, 0, config.n)
 
 
 def shift_offset(config: MvmConfig) -> int:
@@ -143,9 +149,20 @@ class DotProductEngine(wiring.Component):
     in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
     ``k >= 1``: no valid bit is needed to keep the count exact.
 
+    **DSP blocks.** Elaborated for an ECP5 (:func:`hw.dsp.has_ecp5_dsp`), the products
+    of lanes ``0 .. dsp_lanes - 1`` are each a MULT18X18D (:func:`hw.dsp.registered_product`)
+    whose input registers stand for the caller's registers of ``weights`` and ``vector``
+    (so they take ``weights_next`` and ``vector_next``, the values those registers load)
+    and whose output register is the product register: same stage, same result. Each
+    takes 27 LUT4 sites of the fabric's Booth product off the fabric (``docs/mvm.md``
+    section 11). Without an ECP5, or with ``dsp_lanes = 0``, every product is in the
+    fabric and ``weights_next``/``vector_next`` are unused.
+
     Parameters
     ----------
     config : MvmConfig
+    dsp_lanes : int, 0..n, default 0
+        Products formed on DSP blocks when elaborated for an ECP5.
 
     Attributes
     ----------
@@ -153,6 +170,9 @@ class DotProductEngine(wiring.Component):
         The weight block (one MRF word), registered by the caller.
     vector : ``In(block_layout(n, mantissa_bits_v))``
         The vector block, registered by the caller (all zero when not in use).
+    weights_next, vector_next : ``In(block_layout(...))``
+        Only with ``dsp_lanes > 0``: what the caller's registers of ``weights`` and
+        ``vector`` load this cycle.
     therm : ``In(config.dot_bits - 1)``
         :func:`fit_thermometer` of the narrow width ``k``, sampled with the blocks.
     dot : ``Out(signed(config.dot_bits))``
@@ -163,18 +183,28 @@ class DotProductEngine(wiring.Component):
         Cycles from ``weights``/``vector`` to ``dot``/``shift`` and to ``narrow``.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, dsp_lanes=0):
         self._config = _check_config(config)
         c = config
+        self._dsp_lanes = _check_dsp_lanes(c, dsp_lanes)
         self._tree_stages = self.tree_stages(c)
-        super().__init__({
+        ports = {
             "weights": In(block_layout(c.n, c.mantissa_bits_w)),
             "vector": In(block_layout(c.n, c.mantissa_bits_v)),
             "therm": In(c.dot_bits - 1),
             "dot": Out(signed(c.dot_bits)),
             "shift": Out(shift_shape(c)),
             "narrow": Out(range(2 * c.n)),
-        })
+        }
+        if self._dsp_lanes:
+            ports["weights_next"] = In(block_layout(c.n, c.mantissa_bits_w))
+            ports["vector_next"] = In(block_layout(c.n, c.mantissa_bits_v))
+        super().__init__(ports)
+
+    @property
+    def dsp_lanes(self):
+        """Products formed on DSP blocks when elaborated for an ECP5."""
+        return self._dsp_lanes
 
     @staticmethod
     def tree_stages(config):
@@ -201,10 +231,20 @@ class DotProductEngine(wiring.Component):
         n = c.n
 
         # --- stage 1: the N mantissa products and the block pair's shift -------------
+        dsp_lanes = self._dsp_lanes if has_ecp5_dsp(platform) else 0
         values = []
         for j in range(n):
             p = Signal(signed(c.product_bits), name=f"product{j}")
-            m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
+            if j < dsp_lanes:
+                # The DSP's input registers load what the caller's registers load; its
+                # output register is this one. The symmetric mantissas' product fits
+                # product_bits, and the low bits are taken as the fabric form takes them.
+                full = registered_product(m, self.vector_next.mantissas[j],
+                                          self.weights_next.mantissas[j],
+                                          enable=Const(1, 1), name=f"mul{j}")
+                m.d.comb += p.eq(full)
+            else:
+                m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
             values.append(p)
         shift = Signal(shift_shape(c), name="shift_s1")
         m.d.sync += shift.eq(self.vector.exponent + self.weights.exponent - shift_offset(c))
@@ -271,6 +311,9 @@ class TileEngine(wiring.Component):
     Parameters
     ----------
     config : MvmConfig
+    dsp_lanes : int, 0..n, default 0
+        Products of each dot-product engine formed on DSP blocks when elaborated for an
+        ECP5 (:class:`DotProductEngine`); ``T * N * dsp_lanes`` MULT18X18D in an MVM.
 
     Attributes
     ----------
@@ -298,9 +341,10 @@ class TileEngine(wiring.Component):
         the read.
     """
 
-    def __init__(self, config):
+    def __init__(self, config, *, dsp_lanes=0):
         self._config = _check_config(config)
         c = config
+        self._dsp_lanes = _check_dsp_lanes(c, dsp_lanes)
         self._narrow_sum_stages = ceil_log2(c.n)
         super().__init__({
             "rd_addr": In(self.slot_bits(c)),
@@ -397,11 +441,14 @@ class TileEngine(wiring.Component):
             m.d.sync += word.eq(rp.data)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
                          attrs={"keep": 1})
-            m.d.sync += vec.eq(Mux(enable1, vrp.data, 0))
+            vec_next = Mux(enable1, vrp.data, 0)
+            m.d.sync += vec.eq(vec_next)
             words.append(word)
 
-            dpe = DotProductEngine(c)
+            dpe = DotProductEngine(c, dsp_lanes=self._dsp_lanes)
             m.submodules[f"dpe{i}"] = dpe
+            if self._dsp_lanes:
+                m.d.comb += [dpe.weights_next.eq(rp.data), dpe.vector_next.eq(vec_next)]
             m.d.comb += [
                 dpe.weights.eq(word),
                 dpe.vector.eq(vec),

@@ -8,20 +8,24 @@ them on the model ``sim/models/MULT18X18D.v`` with the units' own cocotb benches
 against the reference model as the fabric form is (``tests/test_fp16_arith_hw.py``,
 ``tests/test_fp16_unary_hw.py``): TestFloat vectors, random pairs and the latency for the
 binary unit, every FP16 input of every unary op (Verilator; Icarus a sample), with and
-without stalls. Structural checks: where the instances are and are not, and the operand
-limits.
+without stalls; the MVM with some of each dot-product engine's products on DSP blocks
+(``dsp_lanes``) runs the MVM's own bench (``tests/test_mvm_hw.py``). Structural checks:
+where the instances are and are not, and the operand limits.
 """
 
+import os
 import re
 
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Const, Module, Signal, signed, unsigned
 
+from host.config import MvmConfig
 from host.fp16 import BinaryOp
 from hw.dsp import ECP5_TARGET, has_ecp5_dsp, registered_product
 from hw.fp16_arith import Fp16Binary
 from hw.fp16_unary import Fp16Unary
+from hw.mvm import Mvm
 from sim.fp16_vectors import find_testfloat
 from sim.runner import ECP5_MODELS, run_cocotb
 
@@ -69,6 +73,59 @@ def test_unary_ecp5(simulator):
         extra_sources=ECP5_MODELS,
         extra_env={"UN_LANES": str(lanes), "UN_INPUTS": str(inputs)},
     )
+
+
+#: An MVM build with 3 of each engine's 8 products on DSP blocks (48 MULT18X18D): lanes
+#: on DSPs and lanes in the fabric side by side, in two engines.
+MVM_CONFIG = MvmConfig(n=8, tiles=2, mrf_depth=32, max_col_tiles=8)
+MVM_DSP_LANES = 3
+
+
+def test_mvm_ecp5(simulator, monkeypatch):
+    """Every test of the MVM bench (random shapes, edge values, both roundings, static
+    exponents, stalls, counters, MRF writes and read-back) on the ECP5 form."""
+    c = MVM_CONFIG
+    # The MVM's generated C++ compiles in seconds at -O0 (tests/test_mvm_hw.py).
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "OPT_FAST" not in flags:
+        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
+    run_cocotb(
+        name=f"mvm_n{c.n}_t{c.tiles}_dsp{MVM_DSP_LANES}_ecp5",
+        component=Mvm(c, dsp_lanes=MVM_DSP_LANES),
+        test_module="sim.test_mvm",
+        simulator=simulator,
+        platform=ECP5_TARGET,
+        extra_sources=ECP5_MODELS,
+        extra_env={
+            "MVM_N": str(c.n), "MVM_TILES": str(c.tiles),
+            "MVM_MV": str(c.mantissa_bits_v), "MVM_MW": str(c.mantissa_bits_w),
+            "MVM_DEPTH": str(c.mrf_depth), "MVM_MAX_COL_TILES": str(c.max_col_tiles),
+            "MVM_COUNTER_BITS": str(c.counter_bits),
+            "MVM_PRODUCTS": "40" if simulator == "verilator" else "12",
+            "MVM_MATRICES": "4",
+        },
+    )
+
+
+def test_mvm_instances():
+    """``T * N * dsp_lanes`` instances on an ECP5, none elsewhere or with 0 lanes."""
+    c = MVM_CONFIG
+    assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), ECP5_TARGET) == 2 * 8 * MVM_DSP_LANES
+    assert _instances(Mvm(c, dsp_lanes=8), ECP5_TARGET) == 2 * 8 * 8
+    assert _instances(Mvm(c), ECP5_TARGET) == 0
+    assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), None) == 0
+
+
+@pytest.mark.parametrize("value, error, message", [
+    (-1, ValueError, "dsp_lanes must be from 0 to 8, not -1"),
+    (9, ValueError, "dsp_lanes must be from 0 to 8, not 9"),
+    (1.0, TypeError, "dsp_lanes must be an integer, not 1.0"),
+    (True, TypeError, "dsp_lanes must be an integer, not True"),
+])
+def test_mvm_dsp_lanes_errors(value, error, message):
+    with pytest.raises(error) as info:
+        Mvm(MVM_CONFIG, dsp_lanes=value)
+    assert str(info.value) == message
 
 
 def test_instances_only_on_ecp5():
