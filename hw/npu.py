@@ -564,8 +564,14 @@ class NpuCore(wiring.Component):
             lanes_cols.eq(cols - ((pix - 1) << log2n)),
         ]
         win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
+        # The two window products are registered: they only read the scalar registers,
+        # which s_wr writes outside chains, at least three cycles (v_rd, v_wr, end_chain)
+        # before CHECK reads them. Combinational, they put two multipliers in front of the
+        # plan checks' own (24.8 MHz on the ULX3S, docs/link-hw.md section 5).
         cols_t = Signal(3 * 13 + 1)
-        m.d.comb += cols_t.eq(pix * win_w * win_h)
+        m.d.sync += cols_t.eq(pix * win_w * win_h)
+        window_extent = Signal(64)
+        m.d.sync += window_extent.eq((win_h - 1) * pitch + win_w * pix)
         groups = Signal(range(c.max_col_tiles + 1))
         m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
         last_iter = Signal(_iter_bits(c))
@@ -573,7 +579,7 @@ class NpuCore(wiring.Component):
         c_in = Signal(cols_t.shape())
         m.d.comb += c_in.eq(Mux(has_mv, cols_t, length))
         extent = Signal(64)
-        m.d.comb += extent.eq(Mux(has_mv, (win_h - 1) * pitch + win_w * pix, length))
+        m.d.comb += extent.eq(Mux(has_mv, window_extent, length))
 
         # Checks of the plan (host.model.NpuModel._plan), in its order.
         e_space = _any([~space_exists(rd_space) & (rd_space != Space.NETQ)]

@@ -42,3 +42,28 @@ def test_ulx3s_top_refuses_bad_parameters():
     from hw.board import ULX3STop
     with pytest.raises(TypeError, match="config must be an NpuConfig, not 16"):
         ULX3STop(16)
+
+
+def test_command_line_defaults_and_overrides():
+    from hw.board import ULX3S_CONFIG, parse_args
+    config, baud, build_dir = parse_args([])
+    assert (config.n, config.tiles) == (ULX3S_CONFIG["n"], ULX3S_CONFIG["tiles"]) == (4, 1)
+    assert config.mfus == NpuConfig().mfus
+    config, baud, build_dir = parse_args(["--config", "n=8,max_length=0x10", "--baud",
+                                          "115200", "--build-dir", "x"])
+    assert (config.n, config.tiles, config.max_length) == (8, 1, 16)
+    assert (baud, build_dir) == (115200, "x")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("n=8,colour=3", "'colour' is not an integer NpuConfig field"),
+    ("unary_ops=3", "'unary_ops' is not an integer NpuConfig field"),
+    ("n=eight", "n must be an integer, not 'eight'"),
+    ("n=6", "n must be a power of two, not 6"),
+])
+def test_command_line_errors(text, message, capsys):
+    from hw.board import parse_args
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--config", text])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
