@@ -49,6 +49,19 @@ COUNTERS = ("vector_saturations", "vector_nonfinite", "weight_saturations",
             "weight_nonfinite", "narrow_events", "output_saturations")
 
 
+def config_env(config: MvmConfig) -> dict[str, str]:
+    """The environment variables that :func:`build_config` reads back as ``config``."""
+    return {
+        "MVM_N": str(config.n),
+        "MVM_TILES": str(config.tiles),
+        "MVM_MV": str(config.mantissa_bits_v),
+        "MVM_MW": str(config.mantissa_bits_w),
+        "MVM_DEPTH": str(config.mrf_depth),
+        "MVM_MAX_COL_TILES": str(config.max_col_tiles),
+        "MVM_COUNTER_BITS": str(config.counter_bits),
+    }
+
+
 def build_config() -> MvmConfig:
     env = os.environ
     return MvmConfig(

@@ -8,6 +8,7 @@
   exactly the simulator tests and ``-m "not sim"`` the pure-Python ones.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -42,3 +43,15 @@ def pytest_generate_tests(metafunc):
         "simulator",
         [pytest.param(sim, id=sim, marks=pytest.mark.sim) for sim in selected],
     )
+
+
+@pytest.fixture
+def verilator_opt_fast(monkeypatch):
+    """Compile Verilated models with ``OPT_FAST=-O0`` (a variable definition in
+    ``MAKEFLAGS`` acts as a command-line override of ``verilated.mk``). For the large
+    designs (MVM, NPU core) the default ``-Os`` takes minutes to most of an hour per
+    build; the Python testbench dominates the run time anyway. ``sim/runner.py`` adds its
+    own ``CFG_CXXFLAGS_PCH_I`` to these flags."""
+    flags = os.environ.get("MAKEFLAGS", "")
+    if "OPT_FAST" not in flags:
+        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())

@@ -13,7 +13,6 @@ without stalls; the MVM with some of each dot-product engine's products on DSP b
 where the instances are and are not, and the operand limits.
 """
 
-import os
 import re
 
 import pytest
@@ -28,6 +27,7 @@ from hw.fp16_unary import Fp16Unary
 from hw.mvm import Mvm
 from sim.fp16_vectors import find_testfloat
 from sim.runner import ECP5_MODELS, run_cocotb
+from sim.test_mvm import config_env
 
 STALLS = ("/stalls=False", "/stalls=True")
 
@@ -81,14 +81,10 @@ MVM_CONFIG = MvmConfig(n=8, tiles=2, mrf_depth=32, max_col_tiles=8)
 MVM_DSP_LANES = 3
 
 
-def test_mvm_ecp5(simulator, monkeypatch):
+def test_mvm_ecp5(simulator, verilator_opt_fast):
     """Every test of the MVM bench (random shapes, edge values, both roundings, static
     exponents, stalls, counters, MRF writes and read-back) on the ECP5 form."""
     c = MVM_CONFIG
-    # The MVM's generated C++ compiles in seconds at -O0 (tests/test_mvm_hw.py).
-    flags = os.environ.get("MAKEFLAGS", "")
-    if "OPT_FAST" not in flags:
-        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
     run_cocotb(
         name=f"mvm_n{c.n}_t{c.tiles}_dsp{MVM_DSP_LANES}_ecp5",
         component=Mvm(c, dsp_lanes=MVM_DSP_LANES),
@@ -97,10 +93,7 @@ def test_mvm_ecp5(simulator, monkeypatch):
         platform=ECP5_TARGET,
         extra_sources=ECP5_MODELS,
         extra_env={
-            "MVM_N": str(c.n), "MVM_TILES": str(c.tiles),
-            "MVM_MV": str(c.mantissa_bits_v), "MVM_MW": str(c.mantissa_bits_w),
-            "MVM_DEPTH": str(c.mrf_depth), "MVM_MAX_COL_TILES": str(c.max_col_tiles),
-            "MVM_COUNTER_BITS": str(c.counter_bits),
+            **config_env(c),
             "MVM_PRODUCTS": "40" if simulator == "verilator" else "12",
             "MVM_MATRICES": "4",
         },

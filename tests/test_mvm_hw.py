@@ -17,6 +17,7 @@ import pytest
 from host.config import MvmConfig
 from hw.mvm import Mvm
 from sim.runner import BUILD_ROOT, run_cocotb
+from sim.test_mvm import config_env
 
 #: Random products per stall setting, and matrices of the tile-independence run, per
 #: simulator: Icarus runs this design about 10x slower, so Verilator carries the volume.
@@ -44,13 +45,7 @@ def _build_name(key):
 
 def _env(config, simulator, **extra):
     return {
-        "MVM_N": str(config.n),
-        "MVM_TILES": str(config.tiles),
-        "MVM_MV": str(config.mantissa_bits_v),
-        "MVM_MW": str(config.mantissa_bits_w),
-        "MVM_DEPTH": str(config.mrf_depth),
-        "MVM_MAX_COL_TILES": str(config.max_col_tiles),
-        "MVM_COUNTER_BITS": str(config.counter_bits),
+        **config_env(config),
         "MVM_PRODUCTS": os.environ.get("MVM_PRODUCTS", PRODUCTS[simulator]),
         "MVM_MATRICES": MATRICES[simulator],
         **extra,
@@ -97,13 +92,6 @@ def test_tile_count_independence(simulator):
             f"{build}: counters {got['counters']} differ from T=1 {reference['counters']}")
 
 
-@pytest.fixture(autouse=True)
-def _verilator_opt_fast(monkeypatch):
-    """Compile the Verilated model with ``OPT_FAST=-O0`` (a variable definition in
-    ``MAKEFLAGS`` acts as a command-line override of ``verilated.mk``): its default
-    ``-Os`` on the MVM's ~14 MB of generated C++ takes about 5 minutes per build, ``-O0``
-    about 20 s, and the simulation is no slower (the Python testbench dominates).
-    ``sim/runner.py`` adds its own ``CFG_CXXFLAGS_PCH_I`` to these flags."""
-    flags = os.environ.get("MAKEFLAGS", "")
-    if "OPT_FAST" not in flags:
-        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
+#: The MVM's ~14 MB of generated C++ takes about 5 minutes per build at Verilator's
+#: default -Os, about 20 s at -O0 (conftest.py's verilator_opt_fast).
+pytestmark = pytest.mark.usefixtures("verilator_opt_fast")

@@ -49,14 +49,9 @@ def _env(build, simulator, test):
             "NPU_SEED": os.environ.get("NPU_SEED", str(SEED))}
 
 
-@pytest.fixture(autouse=True)
-def _verilator_opt_fast(monkeypatch):
-    """``OPT_FAST=-O0`` for the Verilated model, as ``tests/test_mvm_hw.py`` does: the
-    core's ~9 MB of Verilog takes most of an hour to compile at the default ``-Os`` on
-    a loaded machine, and the Python testbench dominates the run time anyway."""
-    flags = os.environ.get("MAKEFLAGS", "")
-    if "OPT_FAST" not in flags:
-        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())
+#: The core's ~9 MB of Verilog takes most of an hour to compile at Verilator's default
+#: -Os on a loaded machine (conftest.py's verilator_opt_fast).
+pytestmark = pytest.mark.usefixtures("verilator_opt_fast")
 
 
 @pytest.mark.parametrize("test", TESTS)
