@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from amaranth.back import rtlil
-from amaranth.hdl import Cat, ClockDomain, Module, Signal, Value
+from amaranth.hdl import Cat, ClockDomain, Const, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -114,7 +114,8 @@ class IoShim(wiring.Component):
         self._inputs, self._outputs = [], []
         for path, member, value in dut.signature.flatten(dut):
             bits = Value.cast(value)
-            if len(bits) == 0:
+            # No bits, or a constant member (the ready of an always-ready stream): no port.
+            if len(bits) == 0 or isinstance(bits, Const):
                 continue
             (self._inputs if member.flow == In else self._outputs).append((path, bits))
         self.in_bits = sum(len(v) for _, v in self._inputs)

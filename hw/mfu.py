@@ -5,7 +5,7 @@ allocation rule and the VRF write payload are defined once in :mod:`host.mfu`. D
 notes, timing and measurements: ``docs/mfu.md``.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Shape, Signal, Value, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -34,7 +34,6 @@ _ADDSUB_OPS = tuple(op for op in BinaryOp if op is not BinaryOp.MUL)
 
 #: Crossbar sources, in this order: the MFU's input, then the units' outputs by code.
 _SOURCES = 1 + UNITS
-_IN = 0
 
 
 def vector_layout(cfg: MfuConfig) -> data.ArrayLayout:
@@ -61,49 +60,76 @@ def _check_cfg(cfg):
     return cfg
 
 
-def _skid(m, name, shape, i_valid, i_payload, o_ready, copies=1):
+def _skid(m, name, width, i_valid, i_payload, o_ready):
     """A two-register stream buffer with a registered ``ready`` and registered outputs.
 
-    Takes one item per cycle while ``o_ready`` is high; ``i_ready`` is a flip-flop, so no
-    combinational path runs from ``o_ready`` back to the source. The payload's bits are
-    cut into ``copies`` (>= 1) slices of nearly equal width, each loading on its own
-    copies of the two valid bits (flip-flops with the ``keep`` attribute, which the
-    place-and-route flow keeps apart), so that no single enable net reaches every bit of
-    a wide payload. Returns ``(i_ready, o_valid, o_payload)``.
+    Takes one item (``width`` bits) per cycle while ``o_ready`` is high; ``i_ready`` is
+    a flip-flop, so no combinational path runs from ``o_ready`` back to the source.
+    Returns ``(i_ready, o_valid, o_payload)``.
     """
     main_valid = Signal(name=f"{name}_valid")
     spare_valid = Signal(name=f"{name}_spare_valid")
     i_ready = Signal(name=f"{name}_ready")
-    main = Signal(shape, name=f"{name}_main", reset_less=True)
-    spare = Signal(shape, name=f"{name}_spare", reset_less=True)
+    main = Signal(width, name=f"{name}_main", reset_less=True)
+    spare = Signal(width, name=f"{name}_spare", reset_less=True)
     # The main register loads when it is empty or being read (from the spare register
     # if that is full); otherwise an item offered while the spare one is empty is parked.
+    # What a register loads while its item is not valid is never marked valid.
     load = o_ready | ~main_valid
-    main_next = Signal(name=f"{name}_valid_next")
-    spare_next = Signal(name=f"{name}_spare_valid_next")
-    m.d.comb += [
-        i_ready.eq(~spare_valid),
-        main_next.eq(Mux(load, spare_valid | i_valid, main_valid)),
-        spare_next.eq(~load & (spare_valid | i_valid)),
+    m.d.comb += i_ready.eq(~spare_valid)
+    m.d.sync += [
+        main_valid.eq(Mux(load, spare_valid | i_valid, main_valid)),
+        spare_valid.eq(~load & (spare_valid | i_valid)),
     ]
-    m.d.sync += [main_valid.eq(main_next), spare_valid.eq(spare_next)]
-    width = Shape.cast(shape).width
-    bounds = [width * k // copies for k in range(copies + 1)]
-    for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-        if copies == 1:
-            main_c, spare_c = main_valid, spare_valid
-        else:
-            main_c = Signal(name=f"{name}_valid_copy{k}", attrs={"keep": 1})
-            spare_c = Signal(name=f"{name}_spare_valid_copy{k}", attrs={"keep": 1})
-            m.d.sync += [main_c.eq(main_next), spare_c.eq(spare_next)]
-        # What a slice loads while its item is not valid is never marked valid.
-        main_bits, spare_bits = main.as_value()[lo:hi], spare.as_value()[lo:hi]
-        in_bits = Value.cast(i_payload)[lo:hi]
-        with m.If(o_ready | ~main_c):
-            m.d.sync += main_bits.eq(Mux(spare_c, spare_bits, in_bits))
-        with m.Elif(~spare_c):
-            m.d.sync += spare_bits.eq(in_bits)
+    with m.If(load):
+        m.d.sync += main.eq(Mux(spare_valid, spare, i_payload))
+    with m.Elif(~spare_valid):
+        m.d.sync += spare.eq(i_payload)
     return i_ready, main_valid, main
+
+
+def _queue(m, name, width, depth, i_valid, i_payload, o_ready):
+    """A queue for a source without back-pressure: ``width``-bit items, ``depth`` + 3 of
+    them (the ``depth``-entry ring, the ring's read port, the two-register buffer).
+
+    The source offers an item whenever ``i_valid`` is high and it is always taken; the
+    caller guarantees that no more items than that are ever in the queue (an item more
+    is lost). The output is a :func:`_skid` buffer (registered ``valid``, payload and
+    upstream ready); an item goes straight into it (one cycle, as through a bare
+    ``_skid``) while it can take one and nothing older waits, and otherwise into the
+    ring, which refills the buffer in order. The memory's read data waits on its port (a
+    read is issued only when the previous one is taken), so no extra register holds it.
+    Returns ``(o_valid, o_payload)``.
+    """
+    mem = Memory(shape=unsigned(width), depth=depth, init=[])
+    m.submodules[f"{name}_mem"] = mem
+    wp = mem.write_port()
+    rp = mem.read_port(domain="sync", transparent_for=())
+    stored = Signal(range(depth + 1), name=f"{name}_stored")   # written, read not issued
+    have = Signal(name=f"{name}_have")                         # rp.data holds an item
+    wr = Signal(range(depth), name=f"{name}_wr")
+    rd = Signal(range(depth), name=f"{name}_rd")
+    skid_valid = Signal(name=f"{name}_push")
+    skid_ready = Signal(name=f"{name}_room")
+    skid_data = Signal(width, name=f"{name}_next")
+    i_ready, o_valid, o_payload = _skid(m, name, width, skid_valid, skid_data, o_ready)
+    consume = have & skid_ready
+    bypass = ~have & (stored == 0) & skid_ready
+    to_mem = i_valid & ~bypass
+    issue = (stored != 0) & (~have | consume)
+    m.d.comb += [
+        skid_ready.eq(i_ready),
+        skid_valid.eq(have | (i_valid & bypass)),
+        skid_data.eq(Mux(have, rp.data, Value.cast(i_payload))),
+        wp.addr.eq(wr), wp.data.eq(i_payload), wp.en.eq(to_mem),
+        rp.addr.eq(rd), rp.en.eq(issue),
+    ]
+    with m.If(to_mem):
+        m.d.sync += wr.eq(Mux(wr == depth - 1, 0, wr + 1))
+    with m.If(issue):
+        m.d.sync += rd.eq(Mux(rd == depth - 1, 0, rd + 1))
+    m.d.sync += [stored.eq(stored + to_mem - issue), have.eq(issue | (have & ~consume))]
+    return o_valid, o_payload
 
 
 def _popcount(bits):
@@ -140,17 +166,22 @@ class Mfu(_Configured):
     from MulVrf), ACT (:class:`hw.fp16_unary.Fp16Unary` with ``cfg.unary_ops``), REDUCE
     (:class:`hw.fp16_reduce.Fp16Reduce`). ``a`` is always the chain's value.
 
+    **No back-pressure.** Both streams are ``always_ready``: the MFU takes a vector
+    whenever ``i_stream.valid`` is high, and whoever reads ``o_stream`` must take every
+    vector it offers. Inside, every unit's output is always taken, so the units never
+    stall and no ``ready`` net runs from one unit back to the lanes of another, which
+    on the ECP5 were the long nets across the die (``docs/mfu.md`` section 10).
+    :class:`MfuPipeline` absorbs a stalled output in a queue and paces the input.
+
     **Crossbar.** Each unit's input is a multiplexer over the MFU input and the other
     units' outputs; the MFU output one over the MFU input and every unit output. The
     selects are one-hot registers decoded from the chain's order slots when ``start`` is
     high: the unit of used slot ``k`` takes the output of slot ``k - 1`` (slot 0 the MFU
-    input), the output takes the last used slot (the input if none). ``valid``, ``ready``
-    and the payload all go through the same selects; an unused unit sees ``valid = 0``.
-    Every unit input has a two-register buffer holding the unit's whole input payload,
-    with a registered ``ready``: one vector per cycle passes, no combinational path runs
-    from one unit into another (which also keeps the crossbar free of combinational
-    loops), each unit's first stage starts from registers, and the crossbar and the VRF
-    readers never see a unit's stall.
+    input), the output takes the last used slot (the input if none). ``valid`` and the
+    payload go through the same selects; an unused unit sees ``valid = 0``. Every unit
+    input is a register holding the unit's whole input payload: no combinational path
+    runs from one unit into another (which also keeps the crossbar free of combinational
+    loops), and each unit's first stage starts from registers.
 
     **VRFs.** AddSubVrf and MulVrf are ``lib.memory.Memory`` of ``vrf_depth`` native
     vectors with one write port (``vrf_w``) and one synchronous read port. On ``start``
@@ -158,11 +189,16 @@ class Mfu(_Configured):
     ``addr + 1``, ... ``addr + L - 1`` ahead (the first read in the cycle of ``start``)
     into a :data:`OPERAND_BUFFER`-entry ring of registers; the vector from the crossbar
     is joined with the ring's head (selected by a read pointer, which is all a pop moves)
-    in front of the unit's input buffer, so native vector ``j`` meets operand
-    ``addr + j``. The read address and enable depend on
-    registers (and, for the first read, on ``start`` and ``config``) only; the memory
-    output goes straight into the buffer. The read port is not transparent: a write to an address the running chain
-    still has to read gives that chain the old or the new vector (``docs/mfu.md``).
+    in front of the unit's input register, so native vector ``j`` meets operand
+    ``addr + j``. The first operand is in the ring two cycles after ``start``, and from
+    then on the ring has the next operand whenever a vector comes (at most one per
+    cycle). So the contract: **a vector may reach an op that reads a VRF no earlier than
+    the second cycle after** ``start``; only a chain whose first op reads a VRF can
+    break it, and :class:`MfuPipeline` holds such a chain's input for a cycle. The read
+    address and enable depend on registers (and, for the first read, on ``start`` and
+    ``config``) only; the memory output goes straight into the ring. The read port is
+    not transparent: a write to an address the running chain still has to read gives
+    that chain the old or the new vector (``docs/mfu.md``).
 
     **Counters.** ``overflow`` and ``nan_created`` add up the events of every unit
     (the per-lane flags of ADDSUB, MUL, ACT on each output transfer, and the REDUCE
@@ -176,8 +212,8 @@ class Mfu(_Configured):
 
     Attributes
     ----------
-    i_stream : ``In(stream.Signature(vector_layout(cfg)))``
-    o_stream : ``Out(stream.Signature(vector_layout(cfg)))``
+    i_stream : ``In(stream.Signature(vector_layout(cfg), always_ready=True))``
+    o_stream : ``Out(stream.Signature(vector_layout(cfg), always_ready=True))``
     start : ``In(1)``
         Load ``config``, ``length`` and ``lanes_last`` for the next chain. Only legal
         while the MFU holds no vector of a chain.
@@ -198,8 +234,8 @@ class Mfu(_Configured):
     @staticmethod
     def _members(cfg):
         return {
-            "i_stream": In(stream.Signature(vector_layout(cfg))),
-            "o_stream": Out(stream.Signature(vector_layout(cfg))),
+            "i_stream": In(stream.Signature(vector_layout(cfg), always_ready=True)),
+            "o_stream": Out(stream.Signature(vector_layout(cfg), always_ready=True)),
             "start": In(1),
             "config": In(mfu_layout(cfg)),
             "length": In(cfg.length_bits),
@@ -266,88 +302,79 @@ class Mfu(_Configured):
         for u, unit in units.items():
             m.submodules[u.name.lower()] = unit
 
-        # Crossbar sources: (valid, values, ready) of the MFU input and each unit output.
+        # No back-pressure inside the MFU: every unit's output is always taken, so the
+        # units never stall (their stall logic is constant) and no ready net runs from
+        # one unit back across the die to the lanes of another (the ready paths were
+        # the critical paths of every earlier form, docs/mfu.md section 10). The pipeline
+        # keeps the chain's vectors within what its output queue holds.
+        for unit in units.values():
+            m.d.comb += unit.o_stream.ready.eq(1)
+
+        # Crossbar sources: (valid, values) of the MFU input and each unit output.
         def out_values(u):
             p = units[u].o_stream.payload
             return p.values if u is MfuUnit.REDUCE else p.result
         src_valid = [self.i_stream.valid] + [units[u].o_stream.valid for u in MfuUnit]
         src_values = [self.i_stream.payload] + [out_values(u) for u in MfuUnit]
-        src_ready = [self.i_stream.ready] + [units[u].o_stream.ready for u in MfuUnit]
-        consumer_ready = [[] for _ in range(_SOURCES)]
 
-        def crossbar(name, sel, sources, ready):
-            """The selected source's valid and values (AND-OR over the one-hot select);
-            ``ready`` goes back to the selected source."""
+        def crossbar(name, sel, sources):
+            """The selected source's valid and values (AND-OR over the one-hot select)."""
             valid = Signal(name=f"{name}_valid")
             values = Signal(vec, name=f"{name}_values")
             m.d.comb += [
                 valid.eq(_any(sel[s] & src_valid[s] for s in sources)),
                 values.eq(_any(Mux(sel[s], src_values[s].as_value(), 0) for s in sources)),
             ]
-            for s in sources:
-                consumer_ready[s].append(sel[s] & ready)
             return valid, values
 
         # MFU output.
-        o_valid, o_values = crossbar("out", out_sel, range(_SOURCES), self.o_stream.ready)
+        o_valid, o_values = crossbar("out", out_sel, range(_SOURCES))
         m.d.comb += [self.o_stream.valid.eq(o_valid), self.o_stream.payload.eq(o_values)]
 
         # Unit inputs: crossbar, (ADDSUB, MUL) the VRF operand join, then the input
-        # buffer, which holds the unit's whole input payload. Everything before the
-        # buffer depends on registers only (the buffer's ready is one), so neither the
-        # operand buffer nor the crossbar sees the unit's stall.
+        # register, which holds the unit's whole input payload, so each unit's first
+        # stage starts from registers and no combinational path runs from one unit into
+        # another (ADDSUB can feed MUL and MUL ADDSUB). The operand is always there when
+        # the vector is (the read-ahead keeps one per cycle flowing once the first is in,
+        # and MfuPipeline offers a chain's first vector no earlier than that).
         for u, unit in units.items():
             name = u.name.lower()
             inp = unit.i_stream
-            buf_ready = Signal(name=f"{name}_buf_i_ready")
-            x_ready = Signal(name=f"{name}_in_ready")
             # A unit never takes its own output.
             x_valid, x_values = crossbar(f"{name}_in", src_sel[u.value],
-                                         [s for s in range(_SOURCES) if s != 1 + u.value],
-                                         x_ready)
+                                         [s for s in range(_SOURCES) if s != 1 + u.value])
             payload = Signal(inp.payload.shape(), name=f"{name}_in_payload")
-            valid = Signal(name=f"{name}_in_joined")
             if u in (MfuUnit.ADDSUB, MfuUnit.MUL):
-                pop = Signal(name=f"{name}_pop")
-                head_valid, head = self._vrf_reader(m, name, VrfBank(u.value),
-                                                    use_now[u.value], pop)
+                head = self._vrf_reader(m, name, VrfBank(u.value), use_now[u.value],
+                                        x_valid)
                 m.d.comb += [
-                    valid.eq(x_valid & head_valid),
-                    x_ready.eq(buf_ready & head_valid),
-                    pop.eq(x_valid & head_valid & buf_ready),
                     payload.a.eq(x_values),
                     payload.b.eq(head),
                     payload.op.eq(addsub_op if u is MfuUnit.ADDSUB else BinaryOp.MUL),
                 ]
+            elif u is MfuUnit.ACT:
+                m.d.comb += [payload.x.eq(x_values), payload.op.eq(act_op)]
             else:
-                m.d.comb += [valid.eq(x_valid), x_ready.eq(buf_ready)]
-                if u is MfuUnit.ACT:
-                    m.d.comb += [payload.x.eq(x_values), payload.op.eq(act_op)]
-                else:
-                    # The reduction needs `last` on the chain's last vector: count them.
-                    count = Signal(cfg.length_bits, name="reduce_in_count")
-                    last = Signal(name="reduce_in_last")
-                    m.d.comb += [
-                        last.eq(count == length - 1),
-                        payload.values.eq(x_values),
-                        payload.op.eq(reduce_op),
-                        payload.last.eq(last),
-                        # lanes_last modulo n (0 means all): the field's low bits.
-                        payload.lanes_valid.eq(lanes_last),
-                    ]
-                    with m.If(valid & buf_ready):
-                        m.d.sync += count.eq(Mux(last, 0, count + 1))
-                    with m.If(self.start):
-                        m.d.sync += count.eq(0)
-            # One copy of the buffer's control per lane's worth of payload bits.
-            i_ready, b_valid, b_payload = _skid(m, f"{name}_buf", payload.shape(), valid,
-                                                payload, inp.ready, copies=cfg.n)
-            m.d.comb += [buf_ready.eq(i_ready), inp.valid.eq(b_valid),
-                         inp.payload.eq(b_payload)]
-
-        for s in range(_SOURCES):
-            if s == _IN or consumer_ready[s]:
-                m.d.comb += src_ready[s].eq(_any(consumer_ready[s]))
+                # The reduction needs `last` on the chain's last vector: count them.
+                count = Signal(cfg.length_bits, name="reduce_in_count")
+                last = Signal(name="reduce_in_last")
+                m.d.comb += [
+                    last.eq(count == length - 1),
+                    payload.values.eq(x_values),
+                    payload.op.eq(reduce_op),
+                    payload.last.eq(last),
+                    # lanes_last modulo n (0 means all): the field's low bits.
+                    payload.lanes_valid.eq(lanes_last),
+                ]
+                with m.If(x_valid):
+                    m.d.sync += count.eq(Mux(last, 0, count + 1))
+                with m.If(self.start):
+                    m.d.sync += count.eq(0)
+            in_valid = Signal(name=f"{name}_in_valid")
+            in_payload = Signal(inp.payload.shape(), name=f"{name}_in_reg",
+                                reset_less=True)
+            m.d.sync += [in_valid.eq(x_valid), in_payload.eq(payload)]
+            m.d.comb += [inp.valid.eq(in_valid), inp.payload.eq(in_payload)]
 
         self._counters(m, units)
         return m
@@ -355,7 +382,8 @@ class Mfu(_Configured):
     def _vrf_reader(self, m, name, bank, use_now, pop):
         """The VRF ``bank``, its write port, and the read-ahead reader of one chain.
 
-        Returns ``(head_valid, head)``: the operand of the unit's next vector.
+        Returns ``head``: the operand of the unit's next vector, there from the second
+        cycle after ``start`` on and then whenever a vector comes (the MFU's contract).
         ``use_now`` (valid with ``start``) says whether the chain uses the unit; ``pop`` is
         high when the head is taken.
         """
@@ -417,7 +445,7 @@ class Mfu(_Configured):
         for k in reversed(range(OPERAND_BUFFER - 1)):
             with m.If(rd == k):
                 m.d.comb += head.eq(entries[k])
-        return count != 0, head
+        return head
 
     def _counters(self, m, units):
         """Per-unit event counts (registered), their sum (registered), the counters."""
@@ -473,14 +501,21 @@ class MfuPipeline(_Configured):
     (``chain.ready`` is a register, high while no chain is active): chains do not overlap,
     so the units, the crossbar selects and the VRF readers change only when empty. The
     cost is the fill latency of every chain (``docs/mfu.md``); a later version may overlap
-    chains. ``i_stream.ready`` is low outside a chain and after its ``L``-th vector.
+    chains. ``i_stream.ready`` is low outside a chain and after its ``L``-th vector,
+    and in the cycle after acceptance when the chain's first op reads a VRF (the
+    :class:`Mfu` contract).
 
     ``vrf_w`` writes one native vector into the AddSubVrf (``bank`` 0) or MulVrf (1) of
     MFU ``mfu``; it is always ready. The VRF readers of a chain start reading at ``chain``
     acceptance: write a chain's operands before its configuration.
 
-    The output has a two-register buffer, so ``o_stream.valid`` and its payload are
-    registers and ``o_stream.ready`` reaches no unit combinationally.
+    **Output queue.** The MFUs have no back-pressure, so the last MFU's output goes into
+    a queue of ``max_length`` native vectors (a memory ring) in front of a two-register
+    buffer: a chain never has more than ``L <= max_length`` vectors in the pipeline, so
+    whatever ``o_stream``'s stalls, nothing is lost. While the buffer can take a vector
+    and the ring is empty, a vector goes straight into the buffer, in one cycle, as
+    without the ring. ``o_stream.valid`` and its payload are registers and
+    ``o_stream.ready`` reaches no MFU.
 
     Parameters
     ----------
@@ -550,26 +585,39 @@ class MfuPipeline(_Configured):
                          out_count.eq(0)]
 
         # --- input: exactly `length` vectors per chain ------------------------------------
+        # The MFUs take a vector whenever one comes. The chain's first op that reads a
+        # VRF has its first operand from the second cycle after acceptance on: if that is
+        # the chain's first op (in the first MFU that has ops), the input opens a cycle
+        # later (`hold`), as the operand join's stall did when the MFUs had ready.
+        first_vrf, before = 0, 1
+        for k in range(cfg.mfus):
+            slot0 = chain.mfu[k].order[0]
+            reads = (slot0.unit == MfuUnit.ADDSUB) | (slot0.unit == MfuUnit.MUL)
+            first_vrf = first_vrf | (before & slot0.used & reads)
+            before = before & ~slot0.used
+        hold = Signal()
+        m.d.sync += hold.eq(start & first_vrf)
         first = mfus[0].i_stream
-        open_ = active & (in_count != length)
+        open_ = active & ~hold & (in_count != length)
         m.d.comb += [
             first.valid.eq(self.i_stream.valid & open_),
             first.payload.eq(self.i_stream.payload),
-            self.i_stream.ready.eq(first.ready & open_),
+            self.i_stream.ready.eq(open_),
         ]
-        with m.If(first.valid & first.ready):
+        with m.If(first.valid):
             m.d.sync += in_count.eq(in_count + 1)
         for prev, nxt in zip(mfus, mfus[1:]):
             wiring.connect(m, prev.o_stream, nxt.i_stream)
 
-        # --- output buffer, `last`, end of chain -------------------------------------------
+        # --- output queue, `last`, end of chain --------------------------------------------
+        # A chain has at most max_length vectors in the pipeline (the next is taken only
+        # when the last has left), so a queue of that many holds whatever the MFUs emit
+        # while o_stream is stalled.
         last_mfu = mfus[-1].o_stream
-        buf_ready, o_valid, o_values = _skid(m, "out_buf", vector_layout(cfg),
-                                             last_mfu.valid, last_mfu.payload,
-                                             self.o_stream.ready)
+        o_valid, o_values = _queue(m, "out_queue", vector_layout(cfg).size, cfg.max_length,
+                                   last_mfu.valid, last_mfu.payload, self.o_stream.ready)
         final = out_count == length - 1
         m.d.comb += [
-            last_mfu.ready.eq(buf_ready),
             self.o_stream.valid.eq(o_valid),
             self.o_stream.payload.values.eq(o_values),
             self.o_stream.payload.last.eq(final),

