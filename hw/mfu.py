@@ -410,14 +410,18 @@ class Mfu(_Configured):
                    for k in range(OPERAND_BUFFER)]
         issue = Signal(name=f"{name}_issue")
         # The first read is issued in the cycle the chain is taken, straight from the
-        # configuration input (the previous chain has issued all of its reads).
+        # configuration input (the previous chain has issued all of its reads). The
+        # memory reads on every `start`, used or not: only whether the word enters the
+        # ring (`first`) depends on the chain's decode, so the read enable, which loads
+        # the whole read-data register, is `start` and registers only (the decode in
+        # front of it was the critical path once the ready nets were gone).
         first = Signal(name=f"{name}_first")
         base = (self.config.addsub_addr if bank is VrfBank.ADDSUB else self.config.mul_addr)
         m.d.comb += [
             first.eq(self.start & use_now),
             issue.eq((todo != 0) & (count + in_flight < OPERAND_BUFFER)),
             rp.addr.eq(Mux(self.start, base, addr)),
-            rp.en.eq(issue | first),
+            rp.en.eq(issue | self.start),
         ]
         with m.If(self.start):
             m.d.sync += [todo.eq(Mux(use_now, self.length - 1, 0)), addr.eq(base + 1)]
