@@ -408,7 +408,6 @@ class Mfu(_Configured):
         count = Signal(range(OPERAND_BUFFER + 1), name=f"{name}_buffered")
         entries = [Signal(vec, name=f"{name}_operand{k}", reset_less=True)
                    for k in range(OPERAND_BUFFER)]
-        issue = Signal(name=f"{name}_issue")
         # The first read is issued in the cycle the chain is taken, straight from the
         # configuration input (the previous chain has issued all of its reads). The
         # memory reads on every `start`, used or not: only whether the word enters the
@@ -417,23 +416,39 @@ class Mfu(_Configured):
         # front of it was the critical path once the ready nets were gone).
         first = Signal(name=f"{name}_first")
         base = (self.config.addsub_addr if bank is VrfBank.ADDSUB else self.config.mul_addr)
+        # `issue` (a read of addr + 1, addr + 2, ...) is a register holding what
+        # (todo != 0) & (count + in_flight < OPERAND_BUFFER) will be, computed from the
+        # next values of those registers: it enables the counters here and the read-data
+        # register by the block RAM, and as logic between them it put two long routes in
+        # one cycle. Two copies (`keep`), one for each end.
+        issue = Signal(name=f"{name}_issue", attrs={"keep": 1})
+        issue_mem = Signal(name=f"{name}_issue_mem", attrs={"keep": 1})
+        todo_next = Signal.like(todo, name=f"{name}_todo_next")
+        in_flight_next = Signal(name=f"{name}_in_flight_next")
+        push = in_flight
+        count_next = Signal.like(count, name=f"{name}_buffered_next")
+        issue_next = Signal(name=f"{name}_issue_next")
         m.d.comb += [
             first.eq(self.start & use_now),
-            issue.eq((todo != 0) & (count + in_flight < OPERAND_BUFFER)),
+            todo_next.eq(Mux(self.start, Mux(use_now, self.length - 1, 0),
+                             Mux(issue, todo - 1, todo))),
+            in_flight_next.eq(issue | first),
+            count_next.eq(count - pop + push),
+            issue_next.eq((todo_next != 0) & (count_next + in_flight_next < OPERAND_BUFFER)),
             rp.addr.eq(Mux(self.start, base, addr)),
-            rp.en.eq(issue | self.start),
+            rp.en.eq(issue_mem | self.start),
         ]
+        m.d.sync += [todo.eq(todo_next), in_flight.eq(in_flight_next), count.eq(count_next),
+                     issue.eq(issue_next), issue_mem.eq(issue_next)]
         with m.If(self.start):
-            m.d.sync += [todo.eq(Mux(use_now, self.length - 1, 0)), addr.eq(base + 1)]
+            m.d.sync += addr.eq(base + 1)
         with m.Elif(issue):
-            m.d.sync += [todo.eq(todo - 1), addr.eq(addr + 1)]
-        m.d.sync += in_flight.eq(issue | first)
+            m.d.sync += addr.eq(addr + 1)
 
         # The buffer: a ring. A push writes the entry at `wr`, a pop only moves `rd` on.
         # The entries' enables depend on registers only, and `pop` (which comes from the
         # crossbar's valid, possibly from across the die) reaches a few flip-flops, not
         # the enables of every entry (a shifting buffer's pop was the critical path).
-        push = in_flight
         wr = Signal(range(OPERAND_BUFFER), name=f"{name}_wr")
         rd = Signal(range(OPERAND_BUFFER), name=f"{name}_rd")
         for k, entry in enumerate(entries):
@@ -443,7 +458,6 @@ class Mfu(_Configured):
             m.d.sync += wr.eq(Mux(wr == OPERAND_BUFFER - 1, 0, wr + 1))
         with m.If(pop):
             m.d.sync += rd.eq(Mux(rd == OPERAND_BUFFER - 1, 0, rd + 1))
-        m.d.sync += count.eq(count - pop + push)
         head = Signal(vec, name=f"{name}_head")
         m.d.comb += head.eq(entries[-1])
         for k in reversed(range(OPERAND_BUFFER - 1)):
