@@ -202,9 +202,9 @@ class Mfu(_Configured):
 
     **Counters.** ``overflow`` and ``nan_created`` add up the events of every unit
     (the per-lane flags of ADDSUB, MUL, ACT on each output transfer, and the REDUCE
-    tree's event counts) two cycles after the unit reports them, saturating at
-    ``2**counter_bits - 1``; ``clear`` sets both to 0 (events still pending are added
-    afterwards). ``pending`` is high while events are on their way.
+    tree's event counts) three cycles (REDUCE: two) after the unit reports them,
+    saturating at ``2**counter_bits - 1``; ``clear`` sets both to 0 (events still
+    pending are added afterwards). ``pending`` is high while events are on their way.
 
     Parameters
     ----------
@@ -466,18 +466,23 @@ class Mfu(_Configured):
         return head
 
     def _counters(self, m, units):
-        """Per-unit event counts (registered), their sum (registered), the counters."""
+        """Per-unit event flags (registered), their counts (registered), the sum of the
+        counts (registered), the counters."""
         cfg = self._cfg
         stages, pending = {"overflow": [], "nan_created": []}, []
         for u in (MfuUnit.ADDSUB, MfuUnit.MUL, MfuUnit.ACT):
             o = units[u].o_stream
             taken = o.valid & o.ready
             for kind in stages:
-                flags = getattr(o.payload, kind)
+                # The flags come from every lane's output register, across the unit's
+                # spread: registered first, so that the route and the popcount are not
+                # in one cycle (together they were the critical path, 10.0 ns).
+                flags = Signal(cfg.n, name=f"{u.name.lower()}_{kind}_flags")
+                m.d.sync += flags.eq(Mux(taken, getattr(o.payload, kind).as_value(), 0))
                 count = Signal(range(cfg.n + 1), name=f"{u.name.lower()}_{kind}_events")
-                m.d.sync += count.eq(Mux(taken, _popcount(flags[i] for i in range(cfg.n)), 0))
+                m.d.sync += count.eq(_popcount(flags[i] for i in range(cfg.n)))
                 stages[kind].append(count)
-                pending.append(count != 0)
+                pending += [flags.any(), count != 0]
         red = units[MfuUnit.REDUCE]
         stages["overflow"].append(red.overflow_events)
         stages["nan_created"].append(red.nan_events)
