@@ -67,10 +67,10 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
     output is valid on ``o_stream``, without stalls, the input offered from the cycle
     after acceptance (``docs/mfu.md``, section 6).
 
-    1 (the input vector into the first buffer) plus, per op, its unit's input buffer (1)
-    and latency (ADDSUB, MUL 6; ACT 15; REDUCE ``L - 1`` more vectors in, then its
-    latency); plus 1 when the first op reads a VRF (its first operand is in the read-
-    ahead buffer only 2 edges after acceptance).
+    1 (the last vector into the output queue's buffer) plus, per op, its unit's input
+    register (1) and latency (ADDSUB, MUL 6; ACT 15; REDUCE ``L - 1`` more vectors in,
+    then its latency); plus 1 when the first op reads a VRF (its first operand is in the
+    read-ahead ring only 2 edges after acceptance, and the pipeline holds the input).
     """
     from hw.fp16_arith import LATENCY as BINARY
     from hw.fp16_reduce import Fp16Reduce
