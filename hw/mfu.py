@@ -110,15 +110,13 @@ def _queue(m, name, width, depth, i_valid, i_payload, o_ready):
     wr = Signal(range(depth), name=f"{name}_wr")
     rd = Signal(range(depth), name=f"{name}_rd")
     skid_valid = Signal(name=f"{name}_push")
-    skid_ready = Signal(name=f"{name}_room")
     skid_data = Signal(width, name=f"{name}_next")
-    i_ready, o_valid, o_payload = _skid(m, name, width, skid_valid, skid_data, o_ready)
+    skid_ready, o_valid, o_payload = _skid(m, name, width, skid_valid, skid_data, o_ready)
     consume = have & skid_ready
     bypass = ~have & (stored == 0) & skid_ready
     to_mem = i_valid & ~bypass
     issue = (stored != 0) & (~have | consume)
     m.d.comb += [
-        skid_ready.eq(i_ready),
         skid_valid.eq(have | (i_valid & bypass)),
         skid_data.eq(Mux(have, rp.data, Value.cast(i_payload))),
         wp.addr.eq(wr), wp.data.eq(i_payload), wp.en.eq(to_mem),
