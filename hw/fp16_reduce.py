@@ -19,7 +19,7 @@ from hw.fp16_arith import Fp16Binary
 
 __all__ = [
     "Fp16Reduce", "LANES_MAX", "MAX_LENGTH_MAX", "input_layout", "output_layout",
-    "lanes_valid_bits",
+    "lane_mask",
 ]
 
 LANES_MAX = 64
@@ -31,9 +31,11 @@ MAX_LENGTH_MAX = 256
 RESULT_FIFO_DEPTH = 2
 
 
-def lanes_valid_bits(lanes: int) -> int:
-    """Width of the ``lanes_valid`` field: ``max(1, log2(lanes))``."""
-    return max(1, exact_log2(lanes))
+def lane_mask(lanes: int, valid: int) -> int:
+    """``keep`` for a vector whose first ``valid`` lanes (1 to ``lanes``) take part:
+    ``valid`` low bits set. Raises :class:`ValueError` for ``valid`` out of range."""
+    check_int("valid", valid, 1, lanes)
+    return (1 << valid) - 1
 
 
 def input_layout(lanes: int) -> data.StructLayout:
@@ -46,17 +48,19 @@ def input_layout(lanes: int) -> data.StructLayout:
         :class:`ReduceOp` (1 bit), the same on every vector of a logical vector.
     ``last``
         1 on the last native vector of the logical vector.
-    ``lanes_valid``
-        ``unsigned(max(1, log2(lanes)))``, read on ``last`` vectors only: the number of
-        valid lanes modulo ``lanes``, so 0 means all of them (``lanes_last`` truncated
-        to the field is the right value). Lanes ``i >= lanes_valid`` are replaced by
-        the operation's identity.
+    ``keep``
+        ``unsigned(lanes)``, on every vector: lane ``i`` takes part if bit ``i`` is set
+        and is replaced by the operation's identity otherwise. A logical vector of ``n``
+        elements sends all ones, then ``lane_mask(lanes, lanes_last)`` on its ``last``
+        vector. A mask per lane rather than a count: the sender can register each
+        lane's bit, so no net fans out from one flip-flop to every lane
+        (``docs/reductions.md``).
     """
     return data.StructLayout({
         "values": data.ArrayLayout(unsigned(FP16_BITS), lanes),
         "op": ReduceOp,
         "last": unsigned(1),
-        "lanes_valid": unsigned(lanes_valid_bits(lanes)),
+        "keep": unsigned(lanes),
     })
 
 
@@ -98,7 +102,8 @@ class Fp16Reduce(wiring.Component):
     """IEEE 754 binary16 ``max`` or ``sum`` over a logical vector, broadcast to its length.
 
     A logical vector of ``n`` elements arrives as ``L = ceil(n / lanes)`` native vectors
-    (``L <= max_length``), the last flagged ``last`` with ``lanes_valid`` valid lanes.
+    (``L <= max_length``), the last flagged ``last``, its lanes past the ``n``-th masked
+    off in ``keep``.
     After it, ``o_stream`` carries ``L`` vectors whose every lane is the result of
     :func:`host.reduction.reduce_bits`, ``last`` on the final one. The result is the
     model's, bit for bit, for every ``lanes`` and ``max_length``: the unit computes the
@@ -107,8 +112,8 @@ class Fp16Reduce(wiring.Component):
 
     **Datapath.**
 
-    * Input register: lanes ``>= lanes_valid`` of a ``last`` vector become the identity
-      (``-0`` for ``SUM``, ``-inf`` for ``MAX``).
+    * Input register: lanes whose ``keep`` bit is 0 become the identity (``-0`` for
+      ``SUM``, ``-inf`` for ``MAX``).
     * Lane tree: ``log2(lanes)`` levels of :class:`Fp16Binary` computing ``ADD`` or
       ``MAX`` (``lanes / 2``, ``lanes / 4``, ... 1 lanes; ``lanes - 1`` nodes), level 1
       combining lanes ``(0, 1), (2, 3), ...``: one native vector in per cycle, its sum
@@ -291,9 +296,11 @@ class Fp16Reduce(wiring.Component):
             return (out_valid, out_ready, [out.values[i] for i in range(len(values))],
                     out.side)
 
-        # --- input register: identity in the lanes past the last valid one ----------------
+        # --- input register: identity in the lanes masked off ------------------------------
         # A register stage of its own: the lane masks in front of the first level's
-        # comparator were the critical path.
+        # comparator were the critical path. Each lane's mask bit comes from the sender,
+        # a flip-flop per lane there; decoding a count here made one net from the
+        # sender's `last` to every lane, which was the critical path of the MFU.
         inp = self.i_stream.payload
         valid = Signal(name="in_valid")
         ready = Signal(name="in_ready")
@@ -305,11 +312,9 @@ class Fp16Reduce(wiring.Component):
                          side.last.eq(inp.last)]
         values = []
         for i in range(self._lanes):
-            # lanes_valid counts modulo lanes: 0 keeps every lane; lane 0 is always kept.
-            keep = ~inp.last | (inp.lanes_valid == 0) | (inp.lanes_valid > i)
             v = Signal(FP16_BITS, name=f"in_value{i}", reset_less=True)
             with m.If(advance):
-                m.d.sync += v.eq(Mux(keep, inp.values[i], identity(inp.op)))
+                m.d.sync += v.eq(Mux(inp.keep[i], inp.values[i], identity(inp.op)))
             values.append(v)
         # From here on, (valid, ready, values, side) is the stream into the next level:
         # its valid, the ready the next level drives, its FP16 values and side band.

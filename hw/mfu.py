@@ -267,7 +267,8 @@ class Mfu(_Configured):
         act_op = Signal(UnaryOp, name="act_op")
         reduce_op = Signal(ReduceOp, name="reduce_op")
         length = Signal(cfg.length_bits, name="length")
-        lanes_last = Signal(cfg.lanes_bits, name="lanes_last")
+        # REDUCE's lane mask on the chain's last vector, decoded here once per chain.
+        last_keep = Signal(cfg.n, name="reduce_last_keep")
         with m.If(self.start):
             for u in MfuUnit:
                 bits = [slot_is[0][u.value]]
@@ -285,7 +286,7 @@ class Mfu(_Configured):
                 act_op.eq(cfg_in.act_op),
                 reduce_op.eq(cfg_in.reduce_op),
                 length.eq(self.length),
-                lanes_last.eq(self.lanes_last),
+                last_keep.eq(Cat(self.lanes_last > i for i in range(cfg.n))),
             ]
 
         # --- units ---------------------------------------------------------------------------
@@ -361,8 +362,9 @@ class Mfu(_Configured):
                     payload.values.eq(x_values),
                     payload.op.eq(reduce_op),
                     payload.last.eq(last),
-                    # lanes_last modulo n (0 means all): the field's low bits.
-                    payload.lanes_valid.eq(lanes_last),
+                    # A bit per lane, so that the input register holds one flip-flop per
+                    # lane for Fp16Reduce's mask (hw.fp16_reduce.input_layout).
+                    payload.keep.eq(Mux(last, last_keep, (1 << cfg.n) - 1)),
                 ]
                 with m.If(x_valid):
                     m.d.sync += count.eq(Mux(last, 0, count + 1))

@@ -2,8 +2,10 @@
 
 Logical vectors go in as native vectors; every output vector (every lane and ``last``)
 and the event totals are checked against :func:`host.reduction.reduce_vectors_bits`.
-Lanes past ``lanes_last`` carry random bit patterns (NaNs included) and ``lanes_valid``
-carries random bits on vectors that are not ``last``: the unit must ignore both.
+Lanes past ``lanes_last`` carry random bit patterns (NaNs included) with their ``keep``
+bits clear, and every fourth logical vector also clears random ``keep`` bits of its other
+lanes, which the model is given as the identity (``-0``, ``-inf``): the unit must ignore
+what those lanes carry.
 
 * ``test_random``: random logical lengths ``1 .. max_length * lanes`` (lengths 1, whole
   native vectors and the longest drawn on purpose), both ops mixed, six value styles in
@@ -86,7 +88,8 @@ class Job:
     """One logical vector: its native vectors (junk past ``lanes_last``), the words to
     send, and the model's output and events."""
 
-    def __init__(self, rng: np.random.Generator, op: ReduceOp, bits: np.ndarray, what: str):
+    def __init__(self, rng: np.random.Generator, op: ReduceOp, bits: np.ndarray, what: str,
+                 masked: bool = False):
         n = len(bits)
         self.op, self.what, self.n = op, what, n
         self.count = -(-n // LANES)
@@ -94,22 +97,25 @@ class Job:
         flat = rng.integers(0, 1 << 16, self.count * LANES).astype(np.uint16)
         flat[:n] = bits
         self.vectors = flat.reshape(self.count, LANES)
-        self.expected = reduce_vectors_bits(op, self.vectors, self.lanes_last)
-        self.rng = rng
+        # keep[k, i]: lane i of vector k takes part; the model sees the identity if not.
+        keep = np.ones((self.count, LANES), dtype=bool)
+        keep[-1, self.lanes_last:] = False
+        if masked:
+            keep &= rng.random((self.count, LANES)) < 0.7
+        self.keep = keep
+        model_in = np.where(keep, self.vectors, np.uint16(IDENTITY[op]))
+        self.expected = reduce_vectors_bits(op, model_in, self.lanes_last)
 
     def words(self) -> list[int]:
         layout = input_layout(LANES)
         raw = np.ascontiguousarray(self.vectors, dtype="<u2").tobytes()
-        lv_width = layout["lanes_valid"].shape.width
         words = []
         for k in range(self.count):
-            last = k == self.count - 1
-            lanes_valid = (self.lanes_last % LANES if last
-                           else int(self.rng.integers(0, 1 << lv_width)))
+            mask = sum(1 << i for i in range(LANES) if self.keep[k, i])
             words.append(int.from_bytes(raw[2 * LANES * k:2 * LANES * (k + 1)], "little")
                          | (self.op.value << layout["op"].offset)
-                         | (int(last) << layout["last"].offset)
-                         | (lanes_valid << layout["lanes_valid"].offset))
+                         | (int(k == self.count - 1) << layout["last"].offset)
+                         | (mask << layout["keep"].offset))
         return words
 
 
@@ -123,7 +129,7 @@ def random_jobs(rng: np.random.Generator, count: int) -> list[Job]:
              else int(rng.integers(1, longest + 1)))
         op = ReduceOp(int(rng.integers(2)))
         bits = random_logical_vector(rng, n, style=k % STYLES)
-        jobs.append(Job(rng, op, bits, f"random #{k}"))
+        jobs.append(Job(rng, op, bits, f"random #{k}", masked=k % 4 == 3))
     rng.shuffle(jobs)
     return jobs
 

@@ -18,7 +18,7 @@ from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 
 from host.reduction import ReduceOp, reduce_vectors_bits
-from hw.fp16_reduce import Fp16Reduce, input_layout, output_layout
+from hw.fp16_reduce import Fp16Reduce, input_layout, lane_mask, output_layout
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
@@ -67,13 +67,12 @@ def test_derived_figures(lanes, max_length, levels, event_bits, latency):
 
 def test_layouts():
     lay = input_layout(16)
-    assert [(name, lay[name].offset) for name in ("values", "op", "last", "lanes_valid")] \
-        == [("values", 0), ("op", 256), ("last", 257), ("lanes_valid", 258)]
+    assert [(name, lay[name].offset) for name in ("values", "op", "last", "keep")] \
+        == [("values", 0), ("op", 256), ("last", 257), ("keep", 258)]
     assert lay["op"].shape is ReduceOp
-    assert (lay["lanes_valid"].shape.width, lay.size) == (4, 262)
-    assert input_layout(1)["lanes_valid"].shape.width == 1
-    assert input_layout(2)["lanes_valid"].shape.width == 1
-    assert input_layout(64)["lanes_valid"].shape.width == 6
+    assert (lay["keep"].shape.width, lay.size) == (16, 274)
+    assert input_layout(1)["keep"].shape.width == 1
+    assert input_layout(64)["keep"].shape.width == 64
     out = output_layout(4)
     assert (out["last"].offset, out.size) == (64, 65)
     dut = Fp16Reduce(lanes=4, max_length=2)
@@ -137,11 +136,11 @@ def _simulate(dut, items, expected_count, seed, stalls=True):
     return got, events
 
 
-def _items(op, vectors, lanes_last, rng):
+def _items(op, vectors, lanes_last):
     lanes = vectors.shape[1]
     return [{"values": [int(x) for x in row], "op": op, "last": int(k == len(vectors) - 1),
-             "lanes_valid": (lanes_last % lanes if k == len(vectors) - 1
-                             else int(rng.integers(0, 2)))}
+             "keep": (lane_mask(lanes, lanes_last) if k == len(vectors) - 1
+                      else (1 << lanes) - 1)}
             for k, row in enumerate(vectors)]
 
 
@@ -171,7 +170,7 @@ def test_corner_builds_against_the_model(lanes, max_length):
             vectors.reshape(-1)[:2] = (0x7C00, 0xFC00) if k < 8 else (0x7BFF, 0x7BFF)
             lanes_last = max(lanes_last, 2) if count == 1 else lanes_last
         out, over, nan = reduce_vectors_bits(op, vectors, lanes_last)
-        items += _items(op, vectors, lanes_last, rng)
+        items += _items(op, vectors, lanes_last)
         expected += [(row.tolist(), int(r == count - 1)) for r, row in enumerate(out)]
         events += (over, nan)
     got, got_events = _simulate(dut, items, len(expected), seed=lanes + max_length)
@@ -188,15 +187,22 @@ def test_too_long_a_logical_vector_does_not_stop_the_unit():
     it are reduced correctly: the unit keeps no state across a ``last``."""
     dut = Fp16Reduce(lanes=2, max_length=2)
     rng = np.random.default_rng(7)
-    items = _items(ReduceOp.SUM, _random_vectors(rng, 5, 2), 2, rng)
+    items = _items(ReduceOp.SUM, _random_vectors(rng, 5, 2), 2)
     expected = []
     for k in range(6):
         vectors = _random_vectors(rng, int(rng.integers(1, 3)), 2)
         lanes_last = int(rng.integers(1, 3))
         out = reduce_vectors_bits(ReduceOp(k % 2), vectors, lanes_last).out
-        items += _items(ReduceOp(k % 2), vectors, lanes_last, rng)
+        items += _items(ReduceOp(k % 2), vectors, lanes_last)
         expected += [(row.tolist(), int(r == len(out) - 1)) for r, row in enumerate(out)]
     got, _ = _simulate(dut, items, None, seed=1)
     extra = len(got) - len(expected)
     assert extra >= 1 and got[extra - 1][1] == 1, got[:extra + 1]
     assert got[extra:] == expected
+
+
+def test_lane_mask():
+    assert [lane_mask(4, v) for v in (1, 2, 3, 4)] == [0b1, 0b11, 0b111, 0b1111]
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match=f"valid.*{bad}"):
+            lane_mask(4, bad)
