@@ -91,7 +91,8 @@ class Timing:
     """Constants of the timing model (cycles); ``docs/npu.md`` section 4 explains each.
 
     The unit latencies are those of the gateware (``hw.fp16_arith.LATENCY``,
-    ``hw.fp16_unary.LATENCY``, ``hw.fp16_reduce.NODE_LATENCY``); ``host`` does not import
+    ``hw.fp16_unary.LATENCY``, ``hw.fp16_reduce.NODE_LATENCY``, ``hw.mfu.INPUT_STAGES``);
+    ``host`` does not import
     ``hw``, so they are repeated here and a change there must be made here too.
     """
     fetch_latency: int = 1           #: ``run`` to the first instruction decoded
@@ -102,6 +103,7 @@ class Timing:
     read_latency: int = 4            #: issue to the first source vector at the MFU input
     load_offset: int = -1            #: the MVM's loader, relative to ``read_latency``
     mfu_setup: int = 6               #: issue to the chain taken by the MFU pipeline
+    unit_input_stages: int = 2       #: an MFU unit's input registers, per op
     binary_latency: int = 6          #: an ADDSUB or MUL unit
     unary_latency: int = 15          #: the ACT unit
     reduce_node_latency: int = 6     #: one adder level of the REDUCE unit
@@ -158,7 +160,7 @@ class _Clock:
         lat = {MfuUnit.ADDSUB: t.binary_latency, MfuUnit.MUL: t.binary_latency,
                MfuUnit.ACT: t.unary_latency,
                MfuUnit.REDUCE: length - 1 + self.reduce_latency}
-        pipe = 1 + sum(1 + lat[op.unit] for op in ops)
+        pipe = 1 + sum(t.unit_input_stages + lat[op.unit] for op in ops)
         vrf_first = bool(ops) and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL)
         return pipe + vrf_first, pipe - 1
 

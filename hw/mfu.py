@@ -21,8 +21,15 @@ from hw.fp16_arith import Fp16Binary
 from hw.fp16_reduce import Fp16Reduce
 from hw.fp16_unary import Fp16Unary
 
-__all__ = ["Mfu", "MfuPipeline", "OPERAND_BUFFER", "vector_layout", "output_layout",
-           "mfu_vrf_write_layout"]
+__all__ = ["INPUT_STAGES", "Mfu", "MfuPipeline", "OPERAND_BUFFER", "vector_layout",
+           "output_layout", "mfu_vrf_write_layout"]
+
+#: Registers between a unit's crossbar (and VRF operand) and the unit: the first is
+#: placed near the sources, the second near the lanes, so that neither the route from
+#: another unit's lanes nor the one to this unit's lanes shares a cycle with logic.
+#: With one, the route across the die into the lanes' first comparator was the
+#: critical path (docs/mfu.md section 10). host.model.Timing repeats it.
+INPUT_STAGES = 2
 
 #: Operands a VRF reader keeps read ahead (in flight plus buffered): a read issued in
 #: cycle t is in the buffer from t + 2, so three keep one operand per cycle flowing.
@@ -177,9 +184,9 @@ class Mfu(_Configured):
     high: the unit of used slot ``k`` takes the output of slot ``k - 1`` (slot 0 the MFU
     input), the output takes the last used slot (the input if none). ``valid`` and the
     payload go through the same selects; an unused unit sees ``valid = 0``. Every unit
-    input is a register holding the unit's whole input payload: no combinational path
-    runs from one unit into another (which also keeps the crossbar free of combinational
-    loops), and each unit's first stage starts from registers.
+    input is :data:`INPUT_STAGES` registers holding the unit's whole input payload: no
+    combinational path runs from one unit into another (which also keeps the crossbar
+    free of combinational loops), and each unit's first stage starts from registers.
 
     **VRFs.** AddSubVrf and MulVrf are ``lib.memory.Memory`` of ``vrf_depth`` native
     vectors with one write port (``vrf_w``) and one synchronous read port. On ``start``
@@ -370,11 +377,13 @@ class Mfu(_Configured):
                     m.d.sync += count.eq(Mux(last, 0, count + 1))
                 with m.If(self.start):
                     m.d.sync += count.eq(0)
-            in_valid = Signal(name=f"{name}_in_valid")
-            in_payload = Signal(inp.payload.shape(), name=f"{name}_in_reg",
-                                reset_less=True)
-            m.d.sync += [in_valid.eq(x_valid), in_payload.eq(payload)]
-            m.d.comb += [inp.valid.eq(in_valid), inp.payload.eq(in_payload)]
+            for stage in range(INPUT_STAGES):
+                in_valid = Signal(name=f"{name}_in_valid{stage}")
+                in_payload = Signal(inp.payload.shape(), name=f"{name}_in_reg{stage}",
+                                    reset_less=True)
+                m.d.sync += [in_valid.eq(x_valid), in_payload.eq(payload)]
+                x_valid, payload = in_valid, in_payload
+            m.d.comb += [inp.valid.eq(x_valid), inp.payload.eq(payload)]
 
         self._counters(m, units)
         return m
@@ -449,13 +458,20 @@ class Mfu(_Configured):
         # The entries' enables depend on registers only, and `pop` (which comes from the
         # crossbar's valid, possibly from across the die) reaches a few flip-flops, not
         # the enables of every entry (a shifting buffer's pop was the critical path).
+        # Each entry's enable is a register of its own, computed from the next values of
+        # `push` and `wr` (the same value, a cycle earlier): decoded from `wr` in front of
+        # the entry's 16n clock enables, it was the critical path once the unit inputs had
+        # two registers (docs/mfu.md section 10).
         wr = Signal(range(OPERAND_BUFFER), name=f"{name}_wr")
         rd = Signal(range(OPERAND_BUFFER), name=f"{name}_rd")
+        wr_next = Signal.like(wr, name=f"{name}_wr_next")
+        m.d.comb += wr_next.eq(Mux(push, Mux(wr == OPERAND_BUFFER - 1, 0, wr + 1), wr))
+        m.d.sync += wr.eq(wr_next)
         for k, entry in enumerate(entries):
-            with m.If(push & (wr == k)):
+            load = Signal(name=f"{name}_load{k}")
+            m.d.sync += load.eq(in_flight_next & (wr_next == k))
+            with m.If(load):
                 m.d.sync += entry.eq(rp.data)
-        with m.If(push):
-            m.d.sync += wr.eq(Mux(wr == OPERAND_BUFFER - 1, 0, wr + 1))
         with m.If(pop):
             m.d.sync += rd.eq(Mux(rd == OPERAND_BUFFER - 1, 0, rd + 1))
         head = Signal(vec, name=f"{name}_head")

@@ -68,17 +68,19 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
     after acceptance (``docs/mfu.md``, section 6).
 
     1 (the last vector into the output queue's buffer) plus, per op, its unit's input
-    register (1) and latency (ADDSUB, MUL 6; ACT 15; REDUCE ``L - 1`` more vectors in,
-    then its latency); plus 1 when the first op reads a VRF (its first operand is in the
-    read-ahead ring only 2 edges after acceptance, and the pipeline holds the input).
+    registers (``hw.mfu.INPUT_STAGES``) and latency (ADDSUB, MUL 6; ACT 15; REDUCE
+    ``L - 1`` more vectors in, then its latency); plus 1 when the first op reads a VRF
+    (its first operand is in the read-ahead ring only 2 edges after acceptance, and the
+    pipeline holds the input).
     """
     from hw.fp16_arith import LATENCY as BINARY
     from hw.fp16_reduce import Fp16Reduce
     from hw.fp16_unary import LATENCY as UNARY
+    from hw.mfu import INPUT_STAGES
     reduce_latency = Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length).latency
     cycles = 1
     for op in ops:
-        cycles += 1 + {MfuUnit.ADDSUB: BINARY, MfuUnit.MUL: BINARY, MfuUnit.ACT: UNARY,
+        cycles += INPUT_STAGES + {MfuUnit.ADDSUB: BINARY, MfuUnit.MUL: BINARY, MfuUnit.ACT: UNARY,
                        MfuUnit.REDUCE: length - 1 + reduce_latency}[op.unit]
     if ops and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
         cycles += 1

@@ -71,8 +71,9 @@ def test_model_timing_uses_the_gateware_latencies():
     """``host.model.Timing`` repeats the units' latencies (``host`` does not import
     ``hw``); a change in the gateware must reach the model's cycle prediction."""
     from host.model import Timing
-    from hw import fp16_arith, fp16_reduce, fp16_unary
+    from hw import fp16_arith, fp16_reduce, fp16_unary, mfu
     timing = Timing()
+    assert timing.unit_input_stages == mfu.INPUT_STAGES
     assert timing.binary_latency == fp16_arith.LATENCY
     assert timing.unary_latency == fp16_unary.LATENCY
     assert timing.reduce_node_latency == fp16_reduce.NODE_LATENCY
