@@ -92,8 +92,8 @@ class Timing:
 
     The unit latencies are those of the gateware (``hw.fp16_arith.LATENCY``,
     ``hw.fp16_unary.LATENCY``, ``hw.fp16_reduce.NODE_LATENCY``, ``hw.mfu.INPUT_STAGES``);
-    ``host`` does not import
-    ``hw``, so they are repeated here and a change there must be made here too.
+    ``host`` does not import ``hw``, so they are repeated here and a change there must be
+    made here too.
     """
     fetch_latency: int = 1           #: ``run`` to the first instruction decoded
     decode_per_instruction: int = 1

@@ -79,9 +79,10 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
     from hw.mfu import INPUT_STAGES
     reduce_latency = Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length).latency
     cycles = 1
+    latency = {MfuUnit.ADDSUB: BINARY, MfuUnit.MUL: BINARY, MfuUnit.ACT: UNARY,
+               MfuUnit.REDUCE: length - 1 + reduce_latency}
     for op in ops:
-        cycles += INPUT_STAGES + {MfuUnit.ADDSUB: BINARY, MfuUnit.MUL: BINARY, MfuUnit.ACT: UNARY,
-                       MfuUnit.REDUCE: length - 1 + reduce_latency}[op.unit]
+        cycles += INPUT_STAGES + latency[op.unit]
     if ops and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
         cycles += 1
     return cycles

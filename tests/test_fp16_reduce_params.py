@@ -139,8 +139,7 @@ def _simulate(dut, items, expected_count, seed, stalls=True):
 def _items(op, vectors, lanes_last):
     lanes = vectors.shape[1]
     return [{"values": [int(x) for x in row], "op": op, "last": int(k == len(vectors) - 1),
-             "keep": (lane_mask(lanes, lanes_last) if k == len(vectors) - 1
-                      else (1 << lanes) - 1)}
+             "keep": lane_mask(lanes, lanes_last if k == len(vectors) - 1 else lanes)}
             for k, row in enumerate(vectors)]
 
 
