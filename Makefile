@@ -100,10 +100,10 @@ sysdeps: iverilog
 
 # --- Regressions --------------------------------------------------------------------------
 sim: venv sysdeps
-	cd $(ROOT) && $(PYTEST) -m sim --sim=$(SIM) -n $(JOBS) $(ARGS)
+	cd $(ROOT) && $(PYTEST) -m sim --sim=$(SIM) -n $(JOBS) --dist worksteal $(ARGS)
 
 test: venv sysdeps
-	cd $(ROOT) && $(PYTEST) -n $(JOBS) --durations=25 --tb=short $(ARGS)
+	cd $(ROOT) && $(PYTEST) -n $(JOBS) --dist worksteal --durations=25 --tb=short $(ARGS)
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)

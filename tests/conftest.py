@@ -6,6 +6,7 @@
   Any test that takes a ``simulator`` argument is parametrized over the selected
   simulators (ids ``verilator`` / ``icarus``) and marked ``sim``, so ``-m sim`` selects
   exactly the simulator tests and ``-m "not sim"`` the pure-Python ones.
+* Runs the ``sim`` tests first (see ``pytest_collection_modifyitems``).
 """
 
 import os
@@ -43,6 +44,15 @@ def pytest_generate_tests(metafunc):
         "simulator",
         [pytest.param(sim, id=sim, marks=pytest.mark.sim) for sim in selected],
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put the ``sim`` tests (seconds to minutes each) before the pure-Python ones
+    (milliseconds to seconds), keeping the order within each group. With ``make test``'s
+    ``--dist worksteal`` an idle worker takes half of the other's queue, so the short tests
+    at the end even out the two workers' loads instead of one long simulation finishing
+    alone. The order is deterministic, as pytest-xdist requires of every worker."""
+    items.sort(key=lambda item: item.get_closest_marker("sim") is None)
 
 
 @pytest.fixture

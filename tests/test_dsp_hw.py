@@ -94,8 +94,8 @@ def test_mvm_ecp5(simulator, verilator_opt_fast):
         extra_sources=ECP5_MODELS,
         extra_env={
             **config_env(c),
-            "MVM_PRODUCTS": "40" if simulator == "verilator" else "12",
-            "MVM_MATRICES": "4",
+            "MVM_PRODUCTS": "20" if simulator == "verilator" else "6",
+            "MVM_MATRICES": "3",
         },
     )
 

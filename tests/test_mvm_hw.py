@@ -3,7 +3,7 @@
 The cocotb bench is ``sim/test_mvm.py``; the build parameters travel as environment
 variables. Builds are small (N = 8, 32 slots, 8 column tiles) so that both simulators run
 the whole suite in minutes; ``MVM_PRODUCTS`` (random products per stall setting, default
-60 under Verilator, 16 under Icarus) can be raised from the environment for a soak.
+30 under Verilator, 8 under Icarus) can be raised from the environment for a soak.
 
 ``test_tile_count_independence`` runs the same fixed products on the 1-, 2- and 4-engine
 builds and requires identical output bits and counters.
@@ -21,8 +21,8 @@ from sim.test_mvm import config_env
 
 #: Random products per stall setting, and matrices of the tile-independence run, per
 #: simulator: Icarus runs this design about 10x slower, so Verilator carries the volume.
-PRODUCTS = {"verilator": "60", "icarus": "16"}
-MATRICES = {"verilator": "12", "icarus": "5"}
+PRODUCTS = {"verilator": "30", "icarus": "8"}
+MATRICES = {"verilator": "8", "icarus": "3"}
 
 #: name -> build. The first three differ only in the number of tile engines. "odd" has
 #: a non-power-of-two T and depth, other mantissa widths and 10-bit counters that

@@ -31,7 +31,7 @@ BUILDS = {name: cfg for name, cfg in ALL_BUILDS.items()
 #: Random chains of test_random per build (half with stalls), per simulator; the
 #: environment's NPU_CHAINS overrides it for a long soak. The core simulates at a few
 #: hundred cycles per second on a loaded machine, hence these small defaults.
-CHAINS = {"verilator": 240, "icarus": 60}
+CHAINS = {"verilator": 120, "icarus": 30}
 #: Seed of the regression's random programs (``NPU_SEED`` overrides it; ``NPU_SEED=0``
 #: draws a new one and logs it). Fixed so that every ``make test`` runs the same,
 #: reproducible programs; this seed's first program (without stalls) hung on Icarus

@@ -1,8 +1,8 @@
 """The vector quantizer under an HDL simulator, bit-exact against the reference model.
 
 The cocotb bench is ``sim/test_quantizer.py``; its parameters travel as environment
-variables. ``VQ_VECTORS`` (random vectors per mode and stall setting, default 100000)
-can be lowered from the environment for a quick run.
+variables. ``VQ_VECTORS`` (random vectors per mode and stall setting, default 30000)
+sets the volume from the environment: lower for a quick run, higher for a soak.
 """
 
 import os
@@ -12,11 +12,11 @@ import pytest
 from hw.quantizer import VectorQuantizer
 from sim.runner import run_cocotb
 
-VECTORS = int(os.environ.get("VQ_VECTORS", "100000"))
+VECTORS = int(os.environ.get("VQ_VECTORS", "30000"))
 #: Icarus runs the same bench about ten times slower per cycle; Verilator carries the
-#: 100,000-vector volume per mode and configuration, Icarus a smaller random sample
+#: 30,000-vector volume per mode and configuration, Icarus a smaller random sample
 #: (plus every directed case) so that `make test` stays within the CI budget.
-ICARUS_VECTORS = int(os.environ.get("VQ_ICARUS_VECTORS", "20000"))
+ICARUS_VECTORS = int(os.environ.get("VQ_ICARUS_VECTORS", "5000"))
 
 
 def _vectors(simulator):
