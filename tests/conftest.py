@@ -9,7 +9,6 @@
 * Runs the ``sim`` tests first (see ``pytest_collection_modifyitems``).
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -53,15 +52,3 @@ def pytest_collection_modifyitems(config, items):
     at the end even out the two workers' loads instead of one long simulation finishing
     alone. The order is deterministic, as pytest-xdist requires of every worker."""
     items.sort(key=lambda item: item.get_closest_marker("sim") is None)
-
-
-@pytest.fixture
-def verilator_opt_fast(monkeypatch):
-    """Compile Verilated models with ``OPT_FAST=-O0`` (a variable definition in
-    ``MAKEFLAGS`` acts as a command-line override of ``verilated.mk``). For the large
-    designs (MVM, NPU core) the default ``-Os`` takes minutes to most of an hour per
-    build; the Python testbench dominates the run time anyway. ``sim/runner.py`` adds its
-    own ``CFG_CXXFLAGS_PCH_I`` to these flags."""
-    flags = os.environ.get("MAKEFLAGS", "")
-    if "OPT_FAST" not in flags:
-        monkeypatch.setenv("MAKEFLAGS", f"{flags} OPT_FAST=-O0".strip())

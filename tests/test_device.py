@@ -7,10 +7,10 @@ come from a twin ``NpuModel`` driven directly, or from ``host.programs``' own
 ``Program.run``.
 
 The end-to-end LSTM test (100 sequences streamed) runs on those two and, with the first
-``LSTM_SIM_JOBS`` (25) of them, on ``sim``, the simulated board
+``LSTM_SIM_JOBS`` (12) of them, on ``sim``, the simulated board
 (``sim.board.SimTransport``: link and core under Verilator, marked ``sim``; it runs when
-``--sim`` selects Verilator; 25 keep the regression's longest test short and still fill
-the stream's window of 4 many times over). Its configuration is
+``--sim`` selects Verilator; 12 keep the regression's longest test short and still fill
+the stream's window of 4 three times over). Its configuration is
 ``tests/test_link_hw.py``'s, so both use one cached board build. Icarus (~65 cycles/s on
 this board, against ~1,300 for Verilator) would need about 40 minutes for the 100
 sequences, so the simulated board runs on Verilator only.
@@ -267,7 +267,7 @@ def test_stream_bad_input_after_good_jobs(device):
 #: The link bench's build (``tests/test_link_hw.py``), so the simulated board is built once.
 LSTM_CFG = SMALL_CONFIG
 LSTM_X, LSTM_H, LSTM_T, LSTM_JOBS = 12, 10, 3, 100
-LSTM_SIM_JOBS = 25
+LSTM_SIM_JOBS = 12
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ def test_binary_ecp5(simulator):
             find_testfloat(name)
         except FileNotFoundError as e:
             pytest.fail(str(e))
-    count = 100_000 if simulator == "verilator" else 10_000
+    count = 30_000 if simulator == "verilator" else 3_000
     run_cocotb(
         name=f"fp16_binary_l{lanes}_ecp5",
         component=dut,
@@ -81,7 +81,7 @@ MVM_CONFIG = MvmConfig(n=8, tiles=2, mrf_depth=32, max_col_tiles=8)
 MVM_DSP_LANES = 3
 
 
-def test_mvm_ecp5(simulator, verilator_opt_fast):
+def test_mvm_ecp5(simulator):
     """Every test of the MVM bench (random shapes, edge values, both roundings, static
     exponents, stalls, counters, MRF writes and read-back) on the ECP5 form."""
     c = MVM_CONFIG
@@ -94,7 +94,7 @@ def test_mvm_ecp5(simulator, verilator_opt_fast):
         extra_sources=ECP5_MODELS,
         extra_env={
             **config_env(c),
-            "MVM_PRODUCTS": "20" if simulator == "verilator" else "6",
+            "MVM_PRODUCTS": "12" if simulator == "verilator" else "4",
             "MVM_MATRICES": "3",
         },
     )

@@ -31,7 +31,7 @@ BUILDS = {name: cfg for name, cfg in ALL_BUILDS.items()
 #: Random chains of test_random per build (half with stalls), per simulator; the
 #: environment's NPU_CHAINS overrides it for a long soak. The core simulates at a few
 #: hundred cycles per second on a loaded machine, hence these small defaults.
-CHAINS = {"verilator": 120, "icarus": 30}
+CHAINS = {"verilator": 80, "icarus": 20}
 #: Seed of the regression's random programs (``NPU_SEED`` overrides it; ``NPU_SEED=0``
 #: draws a new one and logs it). Fixed so that every ``make test`` runs the same,
 #: reproducible programs; this seed's first program (without stalls) hung on Icarus
@@ -47,11 +47,6 @@ def _env(build, simulator, test):
     return {"NPU_CONFIG": BUILDS[build].to_json(),
             "NPU_CHAINS": os.environ.get("NPU_CHAINS", str(CHAINS[simulator])),
             "NPU_SEED": os.environ.get("NPU_SEED", str(SEED))}
-
-
-#: The core's ~9 MB of Verilog takes most of an hour to compile at Verilator's default
-#: -Os on a loaded machine (conftest.py's verilator_opt_fast).
-pytestmark = pytest.mark.usefixtures("verilator_opt_fast")
 
 
 @pytest.mark.parametrize("test", TESTS)
