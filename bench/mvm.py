@@ -42,10 +42,13 @@ def run():
     from hw.mvm import Mvm
 
     c = CONFIG
+    # keep_flops: the register copies the design keeps apart on purpose (each DPE's
+    # vector block, the accumulator's per-row control bits) stay apart in synthesis.
     result = place_and_route(Mvm(c, dsp_lanes=DSP_LANES), name="mvm",
                              build_dir=BUILD_ROOT / "mvm",
-                             target_mhz=TARGET_MHZ, timeout=TOOL_TIMEOUT_S)
-    config = {"design": "hw.mvm.Mvm", "n": c.n, "tiles": c.tiles,
+                             target_mhz=TARGET_MHZ, timeout=TOOL_TIMEOUT_S,
+                             keep_flops=True)
+    config = {"design": "hw.mvm.Mvm", "n": c.n, "tiles": c.tiles, "keep_flops": True,
               "mantissa_bits_v": c.mantissa_bits_v, "mantissa_bits_w": c.mantissa_bits_w,
               "mrf_depth": c.mrf_depth, "max_col_tiles": c.max_col_tiles,
               "counter_bits": c.counter_bits, "dsp_lanes": DSP_LANES}

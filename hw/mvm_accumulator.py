@@ -47,7 +47,8 @@ class BfpAccumulator(wiring.Component):
 
     1. **Term.** ``P_t = floor(dot * 2**shift)`` on the ``config.acc_bits`` grid: the
        shift is clamped below at ``-(dot_bits - 1)`` (any further right shift of a
-       ``dot_bits`` value already gives 0 or -1, so the clamp is exact), then
+       ``dot_bits`` value already gives 0 or -1, so the clamp is exact; the term of a
+       clamped shift is ``dot``'s sign, chosen after the shifter), then
        ``dot`` is shifted left by ``shift + dot_bits - 1`` (0..``max_shift + dot_bits -
        1``, in a fine and a coarse stage) and the low ``dot_bits - 1`` bits are dropped,
        which is the floor.
@@ -142,22 +143,42 @@ class BfpAccumulator(wiring.Component):
         s_lo, s_hi = shift_range(c)
         p_shape = Shape.cast(range(s_lo - 1, (1 << NARROW_WIDTH_BITS) - 1 + s_hi))
 
-        def pipe(value, name, shape=None):
-            r = Signal(shape if shape is not None else value.shape(), name=name)
+        def pipe(value, name, shape=None, keep=False):
+            r = Signal(shape if shape is not None else value.shape(), name=name,
+                       attrs={"keep": 1} if keep else {})
             m.d.sync += r.eq(value)
             return r
 
-        # --- stage 1: clamp the shift, fine shift, non-zero test, p --------------------
-        fine, coarse, nz, p = {}, {}, {}, {}
+        def side_stage(side, suffix, final):
+            """One register stage of the group's control bits. In the stage that feeds
+            the loop, ``valid`` and ``first`` get a register per row (kept apart): as
+            one register each, they fanned out to every bit of every loop adder
+            (``first``'s AND) and enable, and their routing across the accumulator
+            was its critical path."""
+            out = {}
+            for k, v in side.items():
+                if final and k in ("valid", "first"):
+                    out[k] = [pipe(v, f"{k}_{suffix}_row{i}", keep=True) for i in range(n)]
+                else:
+                    out[k] = pipe(v, f"{k}_{suffix}")
+            return out
+
+        # --- stage 1: fine shift, clamp flag, non-zero test, p -------------------------
+        # The clamp (shift < -lead) is only registered here and applied in stage 2, so
+        # that no comparator's carry chain is in front of the fine shifter: the fine
+        # amount is the low bits of shift + lead, a 3-bit sum.
+        fine, coarse, clamped, negative, nz, p = {}, {}, {}, {}, {}, {}
         for t in range(tiles):
             for i in range(n):
                 d = self.dot[t][i]
                 s = self.shift[t][i]
-                amount = Signal(amount_shape, name=f"amount_{t}_{i}")
-                m.d.comb += amount.eq(Mux(s < -lead, 0, s + lead))
-                fine[t, i] = pipe(d << amount[:_FINE_SHIFT_BITS], f"fine_s1_{t}_{i}",
+                fine_amount = (s[:_FINE_SHIFT_BITS] + (lead % (1 << _FINE_SHIFT_BITS)))
+                fine[t, i] = pipe(d << fine_amount[:_FINE_SHIFT_BITS], f"fine_s1_{t}_{i}",
                                   fine_shape)
+                amount = (s + lead)[:amount_shape.width]
                 coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}")
+                clamped[t, i] = pipe(s < -lead, f"clamped_s1_{t}_{i}")
+                negative[t, i] = pipe(d[-1], f"negative_s1_{t}_{i}")
                 nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}")
                 p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape)
         side = {
@@ -174,8 +195,11 @@ class BfpAccumulator(wiring.Component):
                 wide = Signal(wide_shape, name=f"wide_{t}_{i}")
                 m.d.comb += wide.eq(fine[t, i] << Cat(Const(0, _FINE_SHIFT_BITS),
                                                       coarse[t, i]))
-                terms[t, i] = pipe(wide[lead:].as_signed(), f"term_s2_{t}_{i}",
-                                   signed(c.acc_bits))
+                # Clamped: the shift by 0 that the clamp stands for leaves floor(d / 2**lead),
+                # which is -1 or 0 (d has dot_bits = lead + 1 bits): d's sign.
+                terms[t, i] = pipe(Mux(clamped[t, i], negative[t, i].replicate(c.acc_bits),
+                                       wide[lead:]).as_signed(),
+                                   f"term_s2_{t}_{i}", signed(c.acc_bits))
                 nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}")
                 # Clamp p to 0..acc_bits-1 (p < 0 kept as a flag): the mask of places >= p
                 # is then a 7-bit thermometer decode.
@@ -183,7 +207,7 @@ class BfpAccumulator(wiring.Component):
                 pneg[t, i] = pipe(pp < 0, f"p_negative_s2_{t}_{i}")
                 p[t, i] = pipe(Mux(pp < 0, 0, Mux(pp > c.acc_bits - 1, c.acc_bits - 1, pp)),
                                f"p_clamped_s2_{t}_{i}", range(c.acc_bits))
-        side = {k: pipe(v, f"{k}_s2") for k, v in side.items()}
+        side = side_stage(side, "s2", final=self._prefix_stages == 0)
 
         # --- prefix sums over the engines (Sklansky), one register per level -----------
         q = dict(terms)
@@ -202,7 +226,7 @@ class BfpAccumulator(wiring.Component):
                     p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}")
                     pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}")
             q = nq
-            side = {k: pipe(v, f"{k}_l{level}") for k, v in side.items()}
+            side = side_stage(side, f"l{level}", final=level == self._prefix_stages - 1)
 
         # --- loop: S_t = A + Q_t; A = S_{T-1} ---------------------------------------------
         valid, first, last, engines = side["valid"], side["first"], side["last"], side["engines"]
@@ -212,20 +236,20 @@ class BfpAccumulator(wiring.Component):
                 acc[t, i] = Signal(signed(c.acc_bits), name=f"sum_{t}_{i}")
         check, mask_loop, pneg_loop = {}, {}, {}
         for i in range(n):
-            base = Mux(first, 0, acc[tiles - 1, i])
-            with m.If(valid):
+            base = Mux(first[i], 0, acc[tiles - 1, i])
+            with m.If(valid[i]):
                 for t in range(tiles):
                     m.d.sync += acc[t, i].eq(base + q[t, i])
             for t in range(tiles):
                 # Tile c = g*T + t exists, is not c = 0, and has a non-zero product.
-                is_c0 = first if t == 0 else Const(0, 1)
-                check[t, i] = pipe(valid & engines[t] & nz[t, i] & ~is_c0,
+                is_c0 = first[i] if t == 0 else Const(0, 1)
+                check[t, i] = pipe(valid[i] & engines[t] & nz[t, i] & ~is_c0,
                                    f"check_{t}_{i}")
                 # Places >= p of the accumulator's magnitude bits, beside the loop adder.
                 mask_loop[t, i] = pipe(_thermometer(p[t, i], c.acc_bits - 1),
                                        f"cross_mask_{t}_{i}")
                 pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}")
-        m.d.sync += self.result_valid.eq(valid & last)
+        m.d.sync += self.result_valid.eq(valid[0] & last)
         m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
 
         # --- check: -2**p <= S < 2**p, in two register stages --------------------------
