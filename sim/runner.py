@@ -413,6 +413,12 @@ def run_cocotb(
             f"{name} ({simulator}): no cocotb test ran from {test_module!r}"
             + (f" matching testcase={testcase!r}" if testcase else "")
         )
+    named = testcase.split(",") if testcase else []
+    if ran < len(named):
+        raise AssertionError(
+            f"{name} ({simulator}): only {ran} of the {len(named)} cocotb tests named in "
+            f"testcase={testcase!r} ran"
+        )
     if sim_error is not None:
         raise AssertionError(
             f"{name} ({simulator}): all {ran} cocotb test(s) passed but the simulator "

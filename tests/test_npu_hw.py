@@ -37,24 +37,30 @@ CHAINS = {"verilator": 80, "icarus": 20}
 #: reproducible programs; this seed's first program (without stalls) hung on Icarus
 #: until ``sim.runner`` compiled with ``-g2005`` (``docs/npu.md`` section 5).
 SEED = 438688902
-#: The cocotb tests (``sim/test_npu.py``; ``/stalls=...`` are its parametrized forms).
-TESTS = ("test_hand_programs/stalls=False", "test_hand_programs/stalls=True",
-         "test_programs/stalls=False", "test_programs/stalls=True", "test_illegal",
-         "test_host_errors", "test_random/stalls=False", "test_random/stalls=True")
+#: The cocotb tests (``sim/test_npu.py``; ``/stalls=...`` are its parametrized forms), in
+#: two simulations per build and simulator: each start converts the core to Verilog
+#: again (about 30 s for ``n8t1``) and loads the simulator, so one start per cocotb test
+#: cost as much as the tests themselves.
+GROUPS = {
+    "programs": ("test_hand_programs/stalls=False", "test_hand_programs/stalls=True",
+                 "test_programs/stalls=False", "test_programs/stalls=True", "test_illegal",
+                 "test_host_errors"),
+    "random": ("test_random/stalls=False", "test_random/stalls=True"),
+}
 
 
-def _env(build, simulator, test):
+def _env(build, simulator):
     return {"NPU_CONFIG": BUILDS[build].to_json(),
             "NPU_CHAINS": os.environ.get("NPU_CHAINS", str(CHAINS[simulator])),
             "NPU_SEED": os.environ.get("NPU_SEED", str(SEED))}
 
 
-@pytest.mark.parametrize("test", TESTS)
+@pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("build", BUILDS)
-def test_npu(simulator, build, test):
+def test_npu(simulator, build, group):
     run_cocotb(name=f"npu_{build}", component=NpuCore(BUILDS[build]),
-               test_module="sim.test_npu", simulator=simulator, testcase=test,
-               extra_env=_env(build, simulator, test))
+               test_module="sim.test_npu", simulator=simulator,
+               testcase=",".join(GROUPS[group]), extra_env=_env(build, simulator))
 
 
 def test_constructor_errors():
