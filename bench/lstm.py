@@ -86,7 +86,7 @@ def config_json(cfg: NpuConfig) -> str:
 
 def simulate(cfg: NpuConfig, *, x_len: int, h_len: int, steps: int, seed: int = SEED,
              name: str = "npu_lstm") -> dict:
-    """Run the LSTM bench on ``cfg`` under Verilator (``OPT_FAST=-O0``).
+    """Run the LSTM bench on ``cfg`` under Verilator (at ``sim.runner``'s ``-O0``).
 
     Returns the bench's measurements: ``cycles`` (RTL run), ``predicted`` (model),
     ``h_cycles`` (cycle of each step's last ``h`` vector after ``run``), ``chains`` and
@@ -106,15 +106,9 @@ def simulate(cfg: NpuConfig, *, x_len: int, h_len: int, steps: int, seed: int = 
         env = {"NPU_CONFIG": config_json(cfg), "NPU_BENCH_OUT": out,
                "NPU_LSTM": json.dumps({"input": x_len, "hidden": h_len, "steps": steps,
                                        "seed": seed})}
-        # -O0 as tests/test_npu_hw.py: the N=16 core's C++ takes far too long at -Os.
-        flags = os.environ.get("MAKEFLAGS", "")
-        os.environ["MAKEFLAGS"] = f"{flags} OPT_FAST=-O0".strip()
         start = time.monotonic()
-        try:
-            run_cocotb(name=name, component=NpuCore(cfg), test_module="sim.test_npu_lstm",
-                       testcase="lstm_bench", simulator="verilator", extra_env=env)
-        finally:
-            os.environ["MAKEFLAGS"] = flags
+        run_cocotb(name=name, component=NpuCore(cfg), test_module="sim.test_npu_lstm",
+                   testcase="lstm_bench", simulator="verilator", extra_env=env)
         with open(out) as f:
             m = json.load(f)
     m["run_seconds"] = time.monotonic() - start
@@ -149,14 +143,9 @@ def timing_programs(build: str = "n8t1", *, x_len: int = 21, h_len: int = 13,
         out = os.path.join(tmp, "timing.json")
         env = {"NPU_CONFIG": config_json(cfg), "NPU_BENCH_OUT": out,
                "NPU_TIMING": json.dumps({"input": x_len, "hidden": h_len, "seed": seed})}
-        flags = os.environ.get("MAKEFLAGS", "")
-        os.environ["MAKEFLAGS"] = f"{flags} OPT_FAST=-O0".strip()
-        try:
-            run_cocotb(name=f"npu_{build}", component=NpuCore(cfg),
-                       test_module="sim.test_npu_lstm", testcase="timing_programs",
-                       simulator="verilator", extra_env=env)
-        finally:
-            os.environ["MAKEFLAGS"] = flags
+        run_cocotb(name=f"npu_{build}", component=NpuCore(cfg),
+                   test_module="sim.test_npu_lstm", testcase="timing_programs",
+                   simulator="verilator", extra_env=env)
         with open(out) as f:
             return json.load(f)
 

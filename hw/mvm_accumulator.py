@@ -172,7 +172,7 @@ class BfpAccumulator(wiring.Component):
             for i in range(n):
                 d = self.dot[t][i]
                 s = self.shift[t][i]
-                fine_amount = (s[:_FINE_SHIFT_BITS] + (lead % (1 << _FINE_SHIFT_BITS)))
+                fine_amount = s[:_FINE_SHIFT_BITS] + lead % (1 << _FINE_SHIFT_BITS)
                 fine[t, i] = pipe(d << fine_amount[:_FINE_SHIFT_BITS], f"fine_s1_{t}_{i}",
                                   fine_shape)
                 amount = (s + lead)[:amount_shape.width]

@@ -296,6 +296,8 @@ def run_cocotb(
     text = verilog.convert(component, name=name, platform=platform)
     extra_sources = tuple(Path(p).resolve() for p in extra_sources)
     build_args = list(VERILATOR_BUILD_ARGS if simulator == "verilator" else ICARUS_BUILD_ARGS)
+    build_env = _build_env(simulator)
+    make_flags = build_env.get("MAKEFLAGS", os.environ.get("MAKEFLAGS", ""))
 
     # Everything the compiled model depends on. Python-side test changes do not rebuild,
     # and neither do the `src` attributes alone (file paths and line numbers): an edit
@@ -303,8 +305,7 @@ def run_cocotb(
     key = hashlib.sha256(
         "\0".join(
             [_BUILD_RECIPE_VERSION, simulator, _tool_version(simulator), repr(build_args),
-             repr(re.findall(r"OPT_\w+=\S+", _build_env(simulator).get(
-                 "MAKEFLAGS", os.environ.get("MAKEFLAGS", "")))),
+             repr(re.findall(r"OPT_\w+=\S+", make_flags)),
              repr(TIMESCALE), f"waves={waves}", design_text(text),
              *(f"{p.name}\n{p.read_text()}" for p in extra_sources)]
         ).encode()
@@ -338,7 +339,7 @@ def run_cocotb(
             # compile by mtime, and we want it to recompile exactly when we do.
             if not source.is_file() or source.read_text() != text:
                 source.write_text(text)
-            with _patched_environ({**wave_env, **_build_env(simulator)}):
+            with _patched_environ({**wave_env, **build_env}):
                 try:
                     runner.build(
                         sources=[source, *extra_sources],
