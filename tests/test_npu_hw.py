@@ -38,9 +38,10 @@ CHAINS = {"verilator": 80, "icarus": 20}
 #: until ``sim.runner`` compiled with ``-g2005`` (``docs/npu.md`` section 5).
 SEED = 438688902
 #: The cocotb tests (``sim/test_npu.py``; ``/stalls=...`` are its parametrized forms), in
-#: three simulations per build and simulator: each start converts the core to Verilog
-#: again (about 30 s for ``n8t1``) and loads the simulator, so one start per cocotb test
-#: cost as much as the tests themselves. ``test_host_errors`` compares the MRF with a
+#: three simulations per build and simulator: each start loads the simulator (and, before
+#: ``sim.runner`` kept converted designs, converted the core again, about 30 s for
+#: ``n8t1``), so one start per cocotb test cost as much as the tests themselves.
+#: ``test_host_errors`` compares the MRF with a
 #: fresh model, so it needs memories no earlier test wrote: a simulation of its own.
 GROUPS = {
     "programs": ("test_hand_programs/stalls=False", "test_hand_programs/stalls=True",

@@ -1,6 +1,6 @@
 """``sim.runner``'s reading of cocotb's results file (no simulator needed)."""
 
-from sim.runner import _failed_tests
+from sim.runner import _failed_tests, design_text
 
 RESULTS = """<?xml version='1.0' encoding='utf-8'?>
 <testsuites name="cocotb tests"><testsuite name="sim.test_x" tests="3">
@@ -34,7 +34,6 @@ def test_failed_tests_long_message_is_cut(tmp_path):
 def test_design_text_ignores_source_locations():
     from amaranth.back import verilog
 
-    from sim.runner import design_text
     from tests.test_smoke_sim import SmokeAdder
 
     text = verilog.convert(SmokeAdder(8), name="smoke")
@@ -44,3 +43,38 @@ def test_design_text_ignores_source_locations():
     assert "src =" not in design_text(text) and "module smoke" in design_text(text)
     # A real change of the design still changes the text that keys the build.
     assert design_text(verilog.convert(SmokeAdder(9), name="smoke")) != design_text(text)
+
+
+def test_conversion_is_cached_per_design(tmp_path, monkeypatch):
+    """``run_cocotb`` converts a design once; a changed signature, source file or
+    ``SIM_RECONVERT=1`` converts it again."""
+    from amaranth.back import verilog
+
+    import sim.runner
+    from tests.test_smoke_sim import SmokeAdder
+
+    monkeypatch.setattr(sim.runner, "BUILD_ROOT", tmp_path)
+    extra = tmp_path / "extra_source.py"
+    extra.write_text("WIDTH = 8\n")
+    sources = sim.runner._design_sources
+    monkeypatch.setattr(sim.runner, "_design_sources", lambda c: [*sources(c), extra])
+    calls = []
+    real = verilog.convert
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["name"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verilog, "convert", counting)
+    first = sim.runner._convert(SmokeAdder(8), name="smoke_cache", platform=None)
+    assert calls == ["smoke_cache"] and "module smoke_cache" in first
+    assert sim.runner._convert(SmokeAdder(8), name="smoke_cache", platform=None) == first
+    assert len(calls) == 1
+    wider = sim.runner._convert(SmokeAdder(9), name="smoke_cache", platform=None)
+    assert len(calls) == 2 and design_text(wider) != design_text(first)
+    extra.write_text("WIDTH = 9\n")
+    sim.runner._convert(SmokeAdder(9), name="smoke_cache", platform=None)
+    assert len(calls) == 3
+    monkeypatch.setenv("SIM_RECONVERT", "1")
+    sim.runner._convert(SmokeAdder(9), name="smoke_cache", platform=None)
+    assert len(calls) == 4
