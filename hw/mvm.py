@@ -21,7 +21,7 @@ from .fp16_convert import FixedToFp16
 from .mvm_accumulator import BfpAccumulator
 from .quantizer import LATENCY as QUANTIZER_LATENCY
 from .quantizer import VectorQuantizer
-from .tile_engine import NARROW_WIDTH_BITS, TileEngine, fit_thermometer, popcount
+from .tile_engine import NARROW_WIDTH_BITS, TileEngine, fit_thermometer, or_all, popcount
 
 __all__ = [
     "Mvm", "command_layout", "weight_row_layout", "mrf_word_layout", "mrf_address_layout",
@@ -518,7 +518,9 @@ class Mvm(wiring.Component):
                 e.vrd_addr.eq(Cat(s_group[:half_bits], s_half)),
                 e.enable.eq(fire & enables[t]),
                 e.therm.eq(s_params.therm),
-                e.rb_row.eq(rb_addr.row),
+                # A read-back keeps only its own word (engine, row) in the word registers.
+                e.rb_clear.eq(rb[0].replicate(n) & ~Mux(
+                    rb_addr.engine == t, Const(1, n) << rb_addr.row, 0)),
             ]
 
         # Side information of each group, delayed to meet its tile products.
@@ -622,9 +624,9 @@ class Mvm(wiring.Component):
         m.d.sync += [rb[0].eq(req_taken), rb[1].eq(rb[0]), rb[2].eq(rb[1])]
         with m.If(req_taken):
             m.d.sync += [rb_addr.eq(self.mrf_r_req.payload), rb_bad.eq(req_bad)]
-        rb_words = [e.rb_word for e in engines]
-        rb_word = Cat(*rb_words).word_select(rb_addr.engine, c.weight_block_bits) \
-            if tiles > 1 else rb_words[0]
+        # Every engine but the addressed one cleared all its words for this read.
+        rb_word = Signal(c.weight_block_bits, name="readback_word")
+        m.d.comb += rb_word.eq(or_all(e.rb_word for e in engines))
         with m.If(rb[2]):
             # A word that does not exist reads as all zeros (not whatever the memory
             # model gives for an address past its end).

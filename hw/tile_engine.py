@@ -5,8 +5,9 @@ the arithmetic these modules implement bit for bit.
 
 Besides :class:`DotProductEngine` and :class:`TileEngine` this module holds the small
 building blocks the MVM's other modules share: the narrow-width fit test
-(:func:`not_fits`, :func:`fit_thermometer`), popcount and a pipelined adder tree, and the
-shift that places a tile product on the accumulator grid (:func:`shift_offset`).
+(:func:`not_fits`, :func:`fit_thermometer`), popcount, a pipelined adder tree, a wide OR
+(:func:`or_all`) and the shift that places a tile product on the accumulator grid
+(:func:`shift_offset`).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
@@ -22,7 +23,8 @@ from .dsp import has_ecp5_dsp, registered_product
 
 __all__ = [
     "DotProductEngine", "TileEngine", "shift_offset", "shift_range", "shift_shape",
-    "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
+    "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "or_all",
+    "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
 ]
 
 #: Bits of the run-time narrow-accumulator width ``k`` (1..64) as it travels with a command.
@@ -290,6 +292,15 @@ class DotProductEngine(wiring.Component):
         return m
 
 
+def or_all(values):
+    """The bitwise OR of ``values`` (an iterable of equally wide values)."""
+    values = list(values)
+    total = values[0]
+    for v in values[1:]:
+        total = total | v
+    return total
+
+
 class TileEngine(wiring.Component):
     """A tile engine: ``N`` dot-product engines, each with its own MRF memory, and the
     engine's bank of the vector buffer.
@@ -331,8 +342,14 @@ class TileEngine(wiring.Component):
     vwr_addr : ``In(vbuf_addr_bits)``, vwr_data : ``In(config.vector_block_bits)``,
     vwr_en : ``In(1)``
         Vector-buffer write.
-    rb_row : ``In(log2(n))``, rb_word : ``Out(config.weight_block_bits)``
-        Read-back: the registered word of engine ``rb_row``, 2 cycles after the read.
+    rb_clear : ``In(n)``, rb_word : ``Out(config.weight_block_bits)``
+        Read-back. Bit ``i`` of ``rb_clear``, given with a read, zeroes engine ``i``'s
+        word register for that read; ``rb_word`` is the OR of all ``N`` word registers,
+        2 cycles after the read. A read-back of row ``r`` clears every other row (and a
+        read-back in another tile engine clears all ``N``), so ``rb_word`` is that row's
+        word; the OR tree is about a third of the LUTs of an ``N``:1 multiplexer, and the
+        clear is the flip-flops' own synchronous reset. Give no clear with a compute
+        read.
     dot : ``Out(ArrayLayout(signed(config.dot_bits), n))``,
     shift : ``Out(ArrayLayout(shift_shape(config), n))``
         Per output row, :attr:`dot_latency` cycles after the read.
@@ -358,7 +375,7 @@ class TileEngine(wiring.Component):
             "vwr_addr": In(self.vbuf_addr_bits(c)),
             "vwr_data": In(c.vector_block_bits),
             "vwr_en": In(1),
-            "rb_row": In(c.log2_n),
+            "rb_clear": In(c.n),
             "rb_word": Out(c.weight_block_bits),
             "dot": Out(data.ArrayLayout(signed(c.dot_bits), c.n)),
             "shift": Out(data.ArrayLayout(shift_shape(c), c.n)),
@@ -419,7 +436,9 @@ class TileEngine(wiring.Component):
         # Cycle 1 (memory data): the side signals catch up with the read.
         enable1 = Signal(name="enable_c1")
         therm1 = Signal(c.dot_bits - 1, name="therm_c1")
-        m.d.sync += [enable1.eq(self.enable), therm1.eq(self.therm)]
+        rb_clear1 = Signal(n, name="rb_clear_c1")
+        m.d.sync += [enable1.eq(self.enable), therm1.eq(self.therm),
+                     rb_clear1.eq(self.rb_clear)]
         therm2 = Signal(c.dot_bits - 1, name="therm_c2")
         m.d.sync += therm2.eq(therm1)
 
@@ -438,7 +457,7 @@ class TileEngine(wiring.Component):
             # copy of the vector block (kept: merging the N copies back defeats their
             # purpose).
             word = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}")
-            m.d.sync += word.eq(rp.data)
+            m.d.sync += word.eq(Mux(rb_clear1[i], 0, rp.data))
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
                          attrs={"keep": 1})
             vec_next = Mux(enable1, vrp.data, 0)
@@ -458,8 +477,7 @@ class TileEngine(wiring.Component):
             ]
             narrows.append(dpe.narrow)
 
-        m.d.comb += self.rb_word.eq(Cat(*[w.as_value() for w in words])
-                                    .word_select(self.rb_row, c.weight_block_bits))
+        m.d.comb += self.rb_word.eq(or_all(w.as_value() for w in words))
 
         total, stages = pipelined_sum(m, narrows, "narrow_sum")
         assert stages == self._narrow_sum_stages
