@@ -10,6 +10,9 @@ building blocks the MVM's other modules share: the narrow-width fit test
 (:func:`shift_offset`).
 """
 
+import functools
+import operator
+
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
@@ -294,11 +297,7 @@ class DotProductEngine(wiring.Component):
 
 def or_all(values):
     """The bitwise OR of ``values`` (an iterable of equally wide values)."""
-    values = list(values)
-    total = values[0]
-    for v in values[1:]:
-        total = total | v
-    return total
+    return functools.reduce(operator.or_, values)
 
 
 class TileEngine(wiring.Component):

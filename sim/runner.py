@@ -202,6 +202,12 @@ def _run_dir_name() -> str:
     return safe
 
 
+def _env_flag(variable: str) -> bool:
+    """Whether environment ``variable`` is set to a yes (``1``, ``yes``, ``y``, ``on``,
+    ``true``, any case)."""
+    return os.environ.get(variable, "").strip().lower() in ("1", "yes", "y", "on", "true")
+
+
 def _design_sources(component) -> list[Path]:
     """The Python files an Amaranth design of this project is made from: every module of
     ``hw``, ``host`` and ``sim`` except the cocotb benches (``sim/test_*.py``), and the
@@ -245,7 +251,7 @@ def _convert(component, *, name: str, platform) -> str:
     ]).encode()).hexdigest()
     folder = BUILD_ROOT / name
     text_file, key_file = folder / ".design.v", folder / ".design-key"
-    reconvert = os.environ.get("SIM_RECONVERT", "").strip().lower() in ("1", "yes", "true")
+    reconvert = _env_flag("SIM_RECONVERT")
     with _locked(folder / ".design.lock", fcntl.LOCK_EX):
         if (not reconvert and key_file.is_file() and key_file.read_text() == key
                 and text_file.is_file()):
@@ -343,7 +349,7 @@ def run_cocotb(
     if not _NAME_RE.match(name):
         raise ValueError(f"name {name!r} is not a plain Verilog identifier")
     if waves is None:
-        waves = os.environ.get("WAVES", "").strip().lower() in ("1", "yes", "y", "on", "true")
+        waves = _env_flag("WAVES")
 
     # cocotb passes sys.path to the simulator's Python as PYTHONPATH; with the repo root
     # on it, `test_module` ("sim.test_x") and the project packages import from this

@@ -41,8 +41,8 @@ SEED = 438688902
 #: three simulations per build and simulator: each start loads the simulator (and, before
 #: ``sim.runner`` kept converted designs, converted the core again, about 30 s for
 #: ``n8t1``), so one start per cocotb test cost as much as the tests themselves.
-#: ``test_host_errors`` compares the MRF with a
-#: fresh model, so it needs memories no earlier test wrote: a simulation of its own.
+#: ``test_host_errors`` compares the MRF with a fresh model, so it needs memories no
+#: earlier test wrote: a simulation of its own.
 GROUPS = {
     "programs": ("test_hand_programs/stalls=False", "test_hand_programs/stalls=True",
                  "test_programs/stalls=False", "test_programs/stalls=True", "test_illegal"),
