@@ -38,7 +38,9 @@ NARROW_WIDTH_MAX = 64
 #: Stages of the command check (field checks and G; R*G; slot range).
 _VALIDATE_STAGES = 3
 #: Depth of the FIFOs that carry the addresses of weight rows and the buffer places of
-#: vector blocks beside the quantizers (each holds at most its LATENCY items).
+#: vector blocks beside the quantizers. A tag is written when its vector enters the
+#: quantizer and read when its block is written, so it also bounds the blocks in the
+#: vector quantizer plus the block FIFO after it, which therefore never overflows.
 _WSIDE_DEPTH = _VTAG_DEPTH = 8
 #: Commands accepted by the loader and not yet started by the sequencer.
 _PARAMS_DEPTH = 8
@@ -130,14 +132,15 @@ def latency(config: MvmConfig) -> int:
 
     Counting edges from the one that takes the command: the command check
     (``_VALIDATE_STAGES``), then the loader takes it and the C vectors enter the vector
-    quantizer on the next C edges; each block is written into the vector buffer
-    ``QUANTIZER_LATENCY`` edges after its vector entered, and the edge that writes the
-    last one marks the half full; one edge later the sequencer starts, and its R*G group
-    reads follow on the next R*G edges; each row block then needs ``compute_latency``
+    quantizer on the next C edges; each block enters the block FIFO
+    ``QUANTIZER_LATENCY`` edges after its vector entered and is written into the vector
+    buffer on the next edge, and the edge that writes the last one marks the half full;
+    one edge later the sequencer starts, and its R*G group reads follow on the next R*G
+    edges; each row block then needs ``compute_latency``
     edges to enter the output FIFO and 2 more (FIFO write, buffered read register) to
     leave on ``y_stream``.
     """
-    return _VALIDATE_STAGES + QUANTIZER_LATENCY + 1 + compute_latency(config) + 2
+    return _VALIDATE_STAGES + QUANTIZER_LATENCY + 2 + compute_latency(config) + 2
 
 
 class Mvm(wiring.Component):
@@ -415,7 +418,9 @@ class Mvm(wiring.Component):
             l_more.eq(l_valid & (l_count != l_total)),
             vq.i_stream.valid.eq(l_more & self.x_stream.valid & vtags.w_rdy),
             vq.i_stream.payload.eq(self.x_stream.payload),
-            self.x_stream.ready.eq(l_more & vq.i_stream.ready & vtags.w_rdy),
+            # Only loader state and the tag FIFO's level: the quantizer never stalls
+            # (see the writer), so its enable does not join this handshake.
+            self.x_stream.ready.eq(l_more & vtags.w_rdy),
             vq.rounding.eq(l_cmd.rounding),
             vq.static.eq(l_cmd.static),
             vq.static_exponent.eq(l_cmd.static_exponent),
@@ -443,19 +448,33 @@ class Mvm(wiring.Component):
         # Writer: quantized blocks into the vector buffer, into a half only once the
         # sequencer is done with it (ping-pong); the last block marks the half full.
         # ================================================================================
+        # The vector quantizer runs free (its output is always taken): blocks wait for
+        # their half in a FIFO after it, not in its pipeline. A stall of the quantizer
+        # would be one enable for all its registers, driven by the writer's and the
+        # loader's handshakes; in the routed build (docs/mvm.md section 11) that net
+        # crossed the die twice in one cycle. The FIFO costs one edge of latency.
+        m.submodules.vector_blocks = vblocks = fifo.SyncFIFO(
+            width=vq.o_stream.payload.shape().size, depth=_VTAG_DEPTH)
+        m.d.comb += [
+            vq.o_stream.ready.eq(1),
+            vblocks.w_en.eq(vq.o_stream.valid),
+            vblocks.w_data.eq(vq.o_stream.payload),
+        ]
         full = [Signal(name=f"half{h}_full") for h in range(2)]
         tag = tag_layout(vtags.r_data)
         w_fire = Signal()
         m.d.comb += [
-            vq.o_stream.ready.eq(vtags.r_rdy & ~Mux(tag.half, full[1], full[0])),
-            w_fire.eq(vq.o_stream.valid & vq.o_stream.ready),
+            # A block in the FIFO has its tag: tags are written before, and read with,
+            # their blocks.
+            w_fire.eq(vblocks.r_rdy & ~Mux(tag.half, full[1], full[0])),
+            vblocks.r_en.eq(w_fire),
             vtags.r_en.eq(w_fire),
         ]
         half_bits = TileEngine.vbuf_half_bits(c)
         for t, e in enumerate(engines):
             m.d.comb += [
                 e.vwr_addr.eq(Cat(tag.group[:half_bits], tag.half)),
-                e.vwr_data.eq(vq.o_stream.payload),
+                e.vwr_data.eq(vblocks.r_data),
                 e.vwr_en.eq(w_fire & (tag.bank == t)),
             ]
         for h in range(2):
