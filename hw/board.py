@@ -168,6 +168,9 @@ class ULX3STop(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
+        # `uart_tx_enable` (L3) is not requested on purpose: the board's constraint
+        # files call it `ftdi_txden`, a line to the FT231X that the UART does not need
+        # and that ULX3S designs commonly leave high-impedance, as an unrequested pin is.
         uart = platform.request("uart", 0, dir="-")
         m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
         m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
