@@ -24,7 +24,7 @@ from hw.dsp import ECP5_TARGET
 
 __all__ = [
     "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
-    "place_and_route", "pnr_records",
+    "bench_build_dir", "bench_seed", "place_and_route", "pnr_records",
 ]
 
 #: Where the benchmarks keep their build folders (``build/fpga/<design>/``).
@@ -431,6 +431,37 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     }
     (build_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def bench_seed(environ=os.environ):
+    """nextpnr seed of the place-and-route benchmarks: ``PNR_SEED`` (default 1).
+
+    ``make bench ARGS=mvm PNR_SEED=2`` repeats a measurement at another seed; the
+    benchmarks put a seed other than 1 in a build folder of its own
+    (``build/fpga/<design>_seed<k>/``) and into every record's ``config``.
+
+    Raises
+    ------
+    ValueError
+        naming ``PNR_SEED`` and its value when it is not a positive integer.
+    """
+    text = environ.get("PNR_SEED", "").strip()
+    if not text:
+        return 1
+    try:
+        seed = int(text, 10)
+    except ValueError:
+        seed = 0
+    if seed < 1:
+        raise ValueError(f"PNR_SEED must be a positive integer, not {text!r}")
+    return seed
+
+
+def bench_build_dir(name, seed):
+    """Build folder of benchmark design ``name`` at ``seed``: ``build/fpga/<name>/`` for
+    seed 1, ``build/fpga/<name>_seed<seed>/`` otherwise (so runs at two seeds can
+    share the machine)."""
+    return BUILD_ROOT / (name if seed == 1 else f"{name}_seed{seed}")
 
 
 def pnr_records(label, result, config):

@@ -9,7 +9,7 @@ the critical path). ``docs/mfu.md`` section 10 has the figures.
 
 from host.mfu import MfuConfig
 
-from bench.fpga import BUILD_ROOT, place_and_route, pnr_records
+from bench.fpga import bench_build_dir, bench_seed, place_and_route, pnr_records
 
 __all__ = ["CONFIG", "TARGET_MHZ", "run"]
 
@@ -29,9 +29,10 @@ def run():
     from hw.mfu import Mfu
 
     c = CONFIG
+    seed = bench_seed()
     # About 37k LUT4: placement and routing take most of an hour on a busy machine.
-    result = place_and_route(Mfu(c), name="mfu", build_dir=BUILD_ROOT / "mfu",
-                             target_mhz=TARGET_MHZ, timeout=3 * 3600.0,
+    result = place_and_route(Mfu(c), name="mfu", build_dir=bench_build_dir("mfu", seed),
+                             seed=seed, target_mhz=TARGET_MHZ, timeout=3 * 3600.0,
                              # the units' per-lane register copies (docs/mfu.md, 10)
                              keep_flops=True)
     config = {"design": "hw.mfu.Mfu", "n": c.n, "vrf_depth": c.vrf_depth,

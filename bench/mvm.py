@@ -2,14 +2,14 @@
 
 The issue-3 build: ``hw.mvm.Mvm`` at N = 16, T = 2, m_v = m_w = 4 (:data:`CONFIG`),
 measured with :func:`bench.fpga.place_and_route` (flow defaults, ``docs/fpga-flow.md``).
-``python -m bench mvm`` (``make bench ARGS=mvm``); the build folder is
-``build/fpga/mvm/`` (``nextpnr.log`` has the critical path). ``docs/mvm.md`` section 11
+``python -m bench mvm`` (``make bench ARGS=mvm``, ``PNR_SEED=k`` for another seed); the
+build folder is ``build/fpga/mvm/`` (``nextpnr.log`` has the critical path). ``docs/mvm.md`` section 11
 has the figures.
 """
 
 from host.config import MvmConfig
 
-from bench.fpga import BUILD_ROOT, place_and_route, pnr_records
+from bench.fpga import bench_build_dir, bench_seed, place_and_route, pnr_records
 
 __all__ = ["CONFIG", "DSP_LANES", "TARGET_MHZ", "run"]
 
@@ -42,10 +42,11 @@ def run():
     from hw.mvm import Mvm
 
     c = CONFIG
+    seed = bench_seed()
     # keep_flops: the register copies the design keeps apart on purpose (each DPE's
     # vector block, the accumulator's per-row control bits) stay apart in synthesis.
     result = place_and_route(Mvm(c, dsp_lanes=DSP_LANES), name="mvm",
-                             build_dir=BUILD_ROOT / "mvm",
+                             build_dir=bench_build_dir("mvm", seed), seed=seed,
                              target_mhz=TARGET_MHZ, timeout=TOOL_TIMEOUT_S,
                              keep_flops=True)
     config = {"design": "hw.mvm.Mvm", "n": c.n, "tiles": c.tiles, "keep_flops": True,

