@@ -448,13 +448,9 @@ def bench_seed(environ=os.environ):
     text = environ.get("PNR_SEED", "").strip()
     if not text:
         return 1
-    try:
-        seed = int(text, 10)
-    except ValueError:
-        seed = 0
-    if seed < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise ValueError(f"PNR_SEED must be a positive integer, not {text!r}")
-    return seed
+    return int(text)
 
 
 def bench_build_dir(name, seed):

@@ -3,8 +3,8 @@
 The issue-3 build: ``hw.mvm.Mvm`` at N = 16, T = 2, m_v = m_w = 4 (:data:`CONFIG`),
 measured with :func:`bench.fpga.place_and_route` (flow defaults, ``docs/fpga-flow.md``).
 ``python -m bench mvm`` (``make bench ARGS=mvm``, ``PNR_SEED=k`` for another seed); the
-build folder is ``build/fpga/mvm/`` (``nextpnr.log`` has the critical path). ``docs/mvm.md`` section 11
-has the figures.
+build folder is ``build/fpga/mvm/`` (``nextpnr.log`` has the critical path).
+``docs/mvm.md`` section 11 has the figures.
 """
 
 from host.config import MvmConfig

@@ -136,9 +136,8 @@ def latency(config: MvmConfig) -> int:
     ``QUANTIZER_LATENCY`` edges after its vector entered and is written into the vector
     buffer on the next edge, and the edge that writes the last one marks the half full;
     one edge later the sequencer starts, and its R*G group reads follow on the next R*G
-    edges; each row block then needs ``compute_latency``
-    edges to enter the output FIFO and 2 more (FIFO write, buffered read register) to
-    leave on ``y_stream``.
+    edges; each row block then needs ``compute_latency`` edges to enter the output FIFO
+    and 2 more (FIFO write, buffered read register) to leave on ``y_stream``.
     """
     return _VALIDATE_STAGES + QUANTIZER_LATENCY + 2 + compute_latency(config) + 2
 

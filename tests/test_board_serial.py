@@ -38,21 +38,20 @@ CONFIG = NpuConfig(n=4, tiles=1, mrf_depth=8, max_col_tiles=2, ivrf_depth=8, vrf
 
 
 def _requests(rng):
-    """Request bytes, and the IVRF words that READ must return (``(tag, bytes)``)."""
-    n = CONFIG.n
-    words = rng.integers(0, 0x7C00, size=2 * n, dtype=np.uint16)      # finite FP16
-    data = words.astype("<u2").tobytes()
-    write = p.encode_frame(Opcode.WRITE, 2, p.pack_access(Space.IVRF.value, 3, 2) + data)
-    bad = bytearray(p.encode_frame(Opcode.WRITE, 4,
-                                   p.pack_access(Space.IVRF.value, 3, 2) + bytes(len(data))))
+    """``(frames, reads)``: the request frames, and for each READ's tag the bytes it
+    must return (two IVRF words at address 3)."""
+    data = rng.integers(0, 0x7C00, size=2 * CONFIG.n, dtype=np.uint16)    # finite FP16
+    data = data.astype("<u2").tobytes()
+    access = p.pack_access(Space.IVRF.value, 3, 2)
+    bad = bytearray(p.encode_frame(Opcode.WRITE, 4, access + bytes(len(data))))
     bad[-1] ^= 0x01                      # the CRC no longer matches: nothing is written
     frames = [
         # (INFO's reply, 363 bytes at this build, would triple the simulation time.)
         p.encode_frame(Opcode.STATUS, 1),
-        write,
-        p.encode_frame(Opcode.READ, 3, p.pack_access(Space.IVRF.value, 3, 2)),
+        p.encode_frame(Opcode.WRITE, 2, access + data),
+        p.encode_frame(Opcode.READ, 3, access),
         bytes(bad),
-        p.encode_frame(Opcode.READ, 5, p.pack_access(Space.IVRF.value, 3, 2)),
+        p.encode_frame(Opcode.READ, 5, access),
         p.encode_frame(Opcode.STATUS, 6),
     ]
     return frames, {3: data, 5: data}
@@ -64,6 +63,7 @@ def test_board_serial_requests(gaps):
     frames, reads = _requests(rng)
     server = ProtocolServer(NpuModel(CONFIG))
     expected = b"".join(server.feed(f) for f in frames)
+    sent = b"".join(frames)
 
     divisor = divisor_for(CLK_HZ, BAUD)
     m = Module()
@@ -75,7 +75,7 @@ def test_board_serial_requests(gaps):
     got = bytearray()
 
     async def sender(ctx):
-        for byte in b"".join(frames):
+        for byte in sent:
             if gaps and pause.random() < 0.3:
                 await ctx.tick().repeat(pause.randrange(1, 3 * 10 * divisor))
             ctx.set(host_tx.i_stream.valid, 1)
@@ -87,7 +87,7 @@ def test_board_serial_requests(gaps):
         ctx.set(host_rx.o_stream.ready, 1)
         # Every request and reply byte takes 10 bit times; the core answers within a few
         # hundred cycles of a request's last byte.
-        budget = 10 * divisor * (len(b"".join(frames)) + len(expected)) * 3 + 2000
+        budget = 10 * divisor * (len(sent) + len(expected)) * 3 + 2000
         for _ in range(budget):
             await ctx.tick()
             if ctx.get(host_rx.o_stream.valid):
