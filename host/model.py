@@ -193,8 +193,8 @@ class _Clock:
             groups = -(-mvm_cols // self.cfg.tiles)
             # The loader takes the command and its C vectors once a buffer half is free:
             # the half of the product before the previous one has been sequenced.
-            load = max(read + t.load_offset, self.load_free, self.seq_ends[-2] if len(self.seq_ends) > 1
-                       else 0)
+            before_previous = self.seq_ends[-2] if len(self.seq_ends) > 1 else 0
+            load = max(read + t.load_offset, self.load_free, before_previous)
             self.load_free = load + mvm_cols + 1
             self.rd_free = load + c_in + 1
             seq = max(load + mvm_cols + self.front, self.seq_free)
@@ -696,7 +696,8 @@ class NpuModel:
                                               f"{iters - 1} need slots up to "
                                               f"{last_slot - 1}, beyond mrf_depth "
                                               f"{cfg.mrf_depth}", at + 1)
-            plan.update(pix=pix, cols=cols, groups=groups, lanes_cols=regs[Reg.COLS] - (pix - 1) * n)
+            plan.update(pix=pix, cols=cols, groups=groups,
+                        lanes_cols=regs[Reg.COLS] - (pix - 1) * n)
         else:
             pieces = [(0, length)]
             cols = length
@@ -753,8 +754,7 @@ class NpuModel:
     def _execute(self, chain: Chain, clock: _Clock) -> int:
         """Run every iteration of a checked chain; returns the instances run."""
         plan = self._plan(chain)
-        cfg, regs = self.config, self._regs
-        n, length = cfg.n, plan["length"]
+        cfg, length = self.config, plan["length"]
         mv = chain.mv_mul
         rd = chain.read
         clock.chain(chain.stop - chain.start)

@@ -391,7 +391,6 @@ class NpuCore(wiring.Component):
         host_ok = ~running
         host_wr_en = Signal()
         host_rd_en = Signal()
-        host_wr_addr = Signal(a_bits)
         host_rd_addr = Signal(a_bits)
 
         # Vector write.

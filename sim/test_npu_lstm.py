@@ -88,8 +88,9 @@ async def timing_programs(dut):
     cfg, n = tb.cfg, tb.n
     rng = np.random.default_rng(p["seed"])
     x, h = p["input"], p["hidden"]
-    gru_w = {f"W_{g}": _f16(rng, h, x) for g in "zrn"} | {f"U_{g}": _f16(rng, h, h) for g in "zrn"} \
-        | {f"b_{g}": _f16(rng, h) for g in ("z", "r", "n", "hn")}
+    gru_w = ({f"W_{g}": _f16(rng, h, x) for g in "zrn"}
+             | {f"U_{g}": _f16(rng, h, h) for g in "zrn"}
+             | {f"b_{g}": _f16(rng, h) for g in ("z", "r", "n", "hn")})
     progs = {
         "mlp": programs.mlp_layer(cfg, _f16(rng, h, x), _f16(rng, h), _f16(rng, 4, x)),
         "lstm step": programs.lstm_step(cfg, _lstm_weights(rng, x, h), _f16(rng, x),

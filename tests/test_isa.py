@@ -11,9 +11,9 @@ import pytest
 from host.config import NpuConfig
 from host.fp16 import BinaryOp
 from host.isa import (
-    FIELDS, INSTRUCTION_LAYOUT, MAX_WRITES, MNEMONICS, REG_DEFAULTS, ErrorCode, Instruction, IsaError,
-    Opcode, Reg, Space, decode, decode_program, encode_program, mnemonic, mrf_address,
-    mrf_location, parse_chain, register_limits,
+    FIELDS, INSTRUCTION_LAYOUT, MAX_WRITES, MNEMONICS, REG_DEFAULTS, ErrorCode, Instruction,
+    IsaError, Opcode, Reg, Space, decode, decode_program, encode_program, mnemonic,
+    mrf_address, mrf_location, parse_chain, register_limits,
 )
 from host.reduction import ReduceOp
 from host.unary import UnaryOp

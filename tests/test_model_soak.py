@@ -75,7 +75,7 @@ class Reference:
                                   self.counters[name] + int(events))
 
     def run(self):
-        cfg, n = self.cfg, self.cfg.n
+        n = self.cfg.n
         regs = {r: (n if v is None else v) for r, v in REG_DEFAULTS.items()}
         instrs = decode_program(self.words)
         pc = 0
