@@ -73,6 +73,10 @@ class SimBoard(wiring.Component):
     def __init__(self, config: NpuConfig, *, truncate_cycles: int):
         self._config = _check_config(config)
         self._link = NpuLink(config, truncate_cycles=truncate_cycles)
+        # Built here to check the parameters, elaborated by this board: it is used exactly
+        # when the board is, and a cached conversion (sim.runner) that never elaborates
+        # the board must not warn about it.
+        self._link._MustUse__silence = True
         super().__init__({"rx": In(stream.Signature(8)), "tx": Out(stream.Signature(8)),
                           "waiting": Out(1), "partial": Out(1)})
 
@@ -126,6 +130,7 @@ class NpuBoard(wiring.Component):
         self._clk_hz = clk_hz
         self._rx_fifo_depth = check_int("rx_fifo_depth", rx_fifo_depth, 16, 65536)
         self._board = SimBoard(config, truncate_cycles=truncate_cycles_for(clk_hz))
+        self._board._MustUse__silence = True      # as SimBoard's link
         super().__init__({"rx": In(1, init=1), "tx": Out(1, init=1)})
 
     @property
