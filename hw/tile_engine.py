@@ -307,13 +307,15 @@ class TileEngine(wiring.Component):
     Dot-product engine ``i`` holds row ``i`` of every tile slot of this engine: its memory
     has ``config.mrf_depth`` words of ``config.weight_block_bits`` bits
     (``block_layout(n, m_w)``). On a compute read (``rd_en``) all ``N`` memories read the
-    word at ``rd_addr`` and the vector bank reads the block at ``vrd_addr``; two cycles
-    later (the memory's registered read, then an output register, which Yosys maps to
-    fabric flip-flops rather than the DP16KD's own) each engine gets its weight word and
-    its *own* registered copy of the vector block (the fan-out to ``N x N`` multipliers
-    is what limits Fmax otherwise;
-    ``docs/mvm.md``). ``enable`` low turns that copy into zeros (a column tile past ``C``
-    or no compute read at all), so the product and its narrow events are zero.
+    word at ``rd_addr`` and the vector bank reads the block at ``vrd_addr``; three cycles
+    later (:attr:`READ_LATENCY`) each engine gets its weight word and its *own*
+    registered copy of the vector block (the fan-out to ``N x N`` multipliers is what
+    limits Fmax otherwise; ``docs/mvm.md`` section 6). The vector block is registered
+    beside its block RAM before it fans out to the ``N`` copies, and each word is
+    registered twice to meet it; the word's first register is in the fabric (Yosys does
+    not use the DP16KD's own). ``enable`` low turns the vector copy into zeros (a column
+    tile past ``C`` or no compute read at all), so the product and its narrow events are
+    zero.
 
     The memories have no read/write collision logic: the MVM never reads and writes an
     MRF memory (or vector buffer address) in the same cycle.
@@ -343,12 +345,12 @@ class TileEngine(wiring.Component):
         Vector-buffer write.
     rb_clear : ``In(n)``, rb_word : ``Out(config.weight_block_bits)``
         Read-back. Bit ``i`` of ``rb_clear``, given with a read, zeroes engine ``i``'s
-        word register for that read; ``rb_word`` is the OR of all ``N`` word registers,
-        2 cycles after the read. A read-back of row ``r`` clears every other row (and a
-        read-back in another tile engine clears all ``N``), so ``rb_word`` is that row's
-        word; the OR tree is about a third of the LUTs of an ``N``:1 multiplexer, and the
-        clear is the flip-flops' own synchronous reset. Give no clear with a compute
-        read.
+        word register for that read; ``rb_word`` is the OR of all ``N`` (first) word
+        registers, 2 cycles after the read. A read-back of row ``r`` clears every other
+        row (and a read-back in another tile engine clears all ``N``), so ``rb_word`` is
+        that row's word; the OR tree is about a third of the LUTs of an ``N``:1
+        multiplexer, and the clear is the flip-flops' own synchronous reset. Give no
+        clear with a compute read.
     dot : ``Out(ArrayLayout(signed(config.dot_bits), n))``,
     shift : ``Out(ArrayLayout(shift_shape(config), n))``
         Per output row, :attr:`dot_latency` cycles after the read.
@@ -397,8 +399,10 @@ class TileEngine(wiring.Component):
         """Vector-buffer address: ``{half, group}``, the half in the top bit."""
         return cls.vbuf_half_bits(config) + 1
 
-    #: Read (memory register) + output register before the dot-product engines.
-    READ_LATENCY = 2
+    #: Cycles from a compute read to the dot-product engines' inputs: the memories'
+    #: registered read, a register beside each (the vector block's, the word's), then
+    #: the vector copies and the word's second register.
+    READ_LATENCY = 3
 
     @classmethod
     def dot_latency_of(cls, config):
@@ -432,14 +436,25 @@ class TileEngine(wiring.Component):
             vwp.addr.eq(self.vwr_addr), vwp.data.eq(self.vwr_data), vwp.en.eq(self.vwr_en),
             vrp.addr.eq(self.vrd_addr), vrp.en.eq(self.rd_en),
         ]
-        # Cycle 1 (memory data): the side signals catch up with the read.
-        enable1 = Signal(name="enable_c1")
-        therm1 = Signal(c.dot_bits - 1, name="therm_c1")
-        rb_clear1 = Signal(n, name="rb_clear_c1")
-        m.d.sync += [enable1.eq(self.enable), therm1.eq(self.therm),
-                     rb_clear1.eq(self.rb_clear)]
-        therm2 = Signal(c.dot_bits - 1, name="therm_c2")
-        m.d.sync += therm2.eq(therm1)
+        # Cycle 1: the vector block leaves the block RAM. Its data output has no
+        # register (Yosys maps the memories with REGMODE NOREG), and it took 5.8 ns of
+        # clock-to-output plus two die-wide routes to reach the N copies below in one
+        # cycle: the routed critical path (docs/mvm.md section 11). One register beside
+        # the block RAM takes it first; the copies load from that register in cycle 2.
+        vblock = Signal(c.vector_block_bits, name="vector_block_c2")
+        m.d.sync += vblock.eq(vrp.data)
+
+        # The side signals catch up with the read (both blocks reach the engines in
+        # cycle 3).
+        def delayed(value, name, cycles):
+            for k in range(1, cycles + 1):
+                r = Signal.like(value, name=f"{name}_c{k}")
+                m.d.sync += r.eq(value)
+                value = r
+            return value
+        enable2 = delayed(self.enable, "enable", 2)
+        therm3 = delayed(self.therm, "therm", 3)
+        rb_clear1 = delayed(self.rb_clear, "rb_clear", 1)
 
         words = []
         narrows = []
@@ -452,25 +467,31 @@ class TileEngine(wiring.Component):
                 wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_rows[i]),
                 rp.addr.eq(self.rd_addr), rp.en.eq(self.rd_en),
             ]
-            # Cycle 2: the word's output register (fabric flip-flops), and this engine's own
-            # copy of the vector block (kept: merging the N copies back defeats their
-            # purpose).
+            # Cycle 2: the word's output register (fabric flip-flops; the read-back takes
+            # its words here). Cycle 3: the word once more, to meet the vector block, and
+            # this engine's own copy of the vector block (kept: merging the N copies back
+            # defeats their purpose). Reading the weights a cycle later instead, from a
+            # register per memory, would have saved these flip-flops, but Yosys 0.70
+            # (yowasp) then fails an assertion in ABC9's reintegration (docs/mvm.md
+            # section 11).
             word = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}")
             m.d.sync += word.eq(Mux(rb_clear1[i], 0, rp.data))
+            word3 = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}_c3")
+            m.d.sync += word3.eq(word)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
                          attrs={"keep": 1})
-            vec_next = Mux(enable1, vrp.data, 0)
+            vec_next = Mux(enable2, vblock, 0)
             m.d.sync += vec.eq(vec_next)
             words.append(word)
 
             dpe = DotProductEngine(c, dsp_lanes=self._dsp_lanes)
             m.submodules[f"dpe{i}"] = dpe
             if self._dsp_lanes:
-                m.d.comb += [dpe.weights_next.eq(rp.data), dpe.vector_next.eq(vec_next)]
+                m.d.comb += [dpe.weights_next.eq(word), dpe.vector_next.eq(vec_next)]
             m.d.comb += [
-                dpe.weights.eq(word),
+                dpe.weights.eq(word3),
                 dpe.vector.eq(vec),
-                dpe.therm.eq(therm2),
+                dpe.therm.eq(therm3),
                 self.dot[i].eq(dpe.dot),
                 self.shift[i].eq(dpe.shift),
             ]
