@@ -83,7 +83,7 @@ def mvm_latency(config) -> tuple[int, int]:
     """
     stages = -(-(config.n.bit_length() - 1) // 2)          # adder tree, 2 levels each
     prefix = (config.tiles - 1).bit_length()               # ceil(log2 T)
-    compute = (3 + 1 + stages) + (3 + prefix) + 4
+    compute = (3 + 2 + stages) + (3 + prefix) + 4
     return 3 + 6 + 2, compute + 2
 
 

@@ -143,8 +143,9 @@ class DotProductEngine(wiring.Component):
     block and, :attr:`dot_latency` cycles later, presents
 
     * ``dot = sum_j qv[j] * qw[j]`` (exact, ``config.dot_bits`` signed bits), summed by a
-      balanced pairwise tree in lane order (level 1 adds lanes (0,1), (2,3), ...), with a
-      register after the products and after every :data:`TREE_LEVELS_PER_STAGE` levels;
+      balanced pairwise tree in lane order (level 1 adds lanes (0,1), (2,3), ...), with
+      two registers after the products (:attr:`PRODUCT_STAGES`) and one after every
+      :data:`TREE_LEVELS_PER_STAGE` levels;
     * ``shift = code_v + code_w - shift_offset(config)``: the left shift that places
       ``dot`` on the BFP-long grid (negative: right shift with floor);
 
@@ -216,10 +217,17 @@ class DotProductEngine(wiring.Component):
         """Register stages of the adder tree: ``ceil(log2(n) / TREE_LEVELS_PER_STAGE)``."""
         return -(-config.log2_n // TREE_LEVELS_PER_STAGE)
 
+    #: Registers of every product before the adder tree: the multiplier's own (a DSP
+    #: lane's output register) and one more, which the placer puts beside the tree. A
+    #: DSP block sits in the die's DSP rows, and its product took 5.8 ns of routing to
+    #: reach its engine's tree in a routed one-engine build (``docs/mvm.md`` section 11);
+    #: the fabric lanes get the register too, so that all lanes stay aligned.
+    PRODUCT_STAGES = 2
+
     @classmethod
     def dot_latency_of(cls, config):
         """Cycles from the input blocks to ``dot`` and ``shift``: products + tree stages."""
-        return 1 + cls.tree_stages(config)
+        return cls.PRODUCT_STAGES + cls.tree_stages(config)
 
     @property
     def dot_latency(self):
@@ -250,17 +258,25 @@ class DotProductEngine(wiring.Component):
                 m.d.comb += p.eq(full)
             else:
                 m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
-            values.append(p)
+            # Stage 2: the product once more, beside the tree.
+            p2 = Signal(signed(c.product_bits), name=f"product{j}_s2")
+            m.d.sync += p2.eq(p)
+            values.append(p2)
         shift = Signal(shift_shape(c), name="shift_s1")
         m.d.sync += shift.eq(self.vector.exponent + self.weights.exponent - shift_offset(c))
         therm = Signal(c.dot_bits - 1, name="therm_s1")
         m.d.sync += therm.eq(self.therm)
+        shift2 = Signal(shift_shape(c), name="shift_s2")
+        therm2 = Signal(c.dot_bits - 1, name="therm_s2")
+        m.d.sync += [shift2.eq(shift), therm2.eq(therm)]
+        shift, therm = shift2, therm2
 
         # --- tree stages: TREE_LEVELS_PER_STAGE levels each, then a register -----------
         # Each node's fit test is taken from its (combinational) sum in the stage that
         # forms it; the products' own tests come from their registers in the first stage.
         # The flags of a stage are counted in the next one.
         count = None
+        first = self.PRODUCT_STAGES + 1          # stage number of the first tree registers
         for stage in range(self._tree_stages):
             flags = [not_fits(v, therm) for v in values] if stage == 0 else []
             for _ in range(TREE_LEVELS_PER_STAGE):
@@ -270,20 +286,20 @@ class DotProductEngine(wiring.Component):
                 flags += [not_fits(v, therm) for v in values]
             regs = []
             for j, v in enumerate(values):
-                r = Signal(v.shape(), name=f"tree_s{stage + 2}_{j}")
+                r = Signal(v.shape(), name=f"tree_s{stage + first}_{j}")
                 m.d.sync += r.eq(v)
                 regs.append(r)
             values = regs
-            flag_reg = Signal(len(flags), name=f"narrow_flags_s{stage + 2}")
+            flag_reg = Signal(len(flags), name=f"narrow_flags_s{stage + first}")
             m.d.sync += flag_reg.eq(Cat(*flags))
             # Running count: the previous stages' count plus this stage's flags, one
             # cycle behind the flags.
             total = popcount(flag_reg) if count is None else count + popcount(flag_reg)
-            new_count = Signal(range(2 * n), name=f"narrow_count_s{stage + 3}")
+            new_count = Signal(range(2 * n), name=f"narrow_count_s{stage + first + 1}")
             m.d.sync += new_count.eq(total)
             count = new_count
-            next_shift = Signal(shift_shape(c), name=f"shift_s{stage + 2}")
-            next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + 2}")
+            next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}")
+            next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}")
             m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
             shift, therm = next_shift, next_therm
 
