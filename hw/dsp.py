@@ -19,10 +19,10 @@ configuration used here only); ``tests/test_dsp_hw.py`` runs the units on it
 (``docs/dsp.md``).
 """
 
-from amaranth.hdl import ClockSignal, Const, Instance, Shape, Signal
+from amaranth.hdl import Cat, ClockSignal, Const, Instance, Shape, Signal, signed
 
 __all__ = ["ECP5_TARGET", "Ecp5Target", "has_ecp5_dsp", "registered_product",
-           "DSP_WIDTH"]
+           "registered_product_pair", "pair_fits", "DSP_WIDTH"]
 
 #: Operand width of the MULT18X18D (each of A and B), bits.
 DSP_WIDTH = 18
@@ -125,3 +125,71 @@ def registered_product(m, a, b, *, enable, name):
         i_CLK0=ClockSignal("sync"), i_CE0=enable, i_RST0=Const(0, 1),
         **ports)
     return p
+
+
+def pair_fits(a_shape, b_shape) -> bool:
+    """Whether :func:`registered_product_pair` takes signed operands of these shapes.
+
+    The packed operand ``b1 + 2**k * (b2 - sign(b1))`` is ``k + width(b) + 1`` signed
+    bits with ``k = width(a) + width(b)``, the exact product's width; it and ``a`` must
+    each fit the 18-bit operand.
+    """
+    a_shape, b_shape = Shape.cast(a_shape), Shape.cast(b_shape)
+    return (a_shape.width <= DSP_WIDTH
+            and a_shape.width + 2 * b_shape.width + 1 <= DSP_WIDTH)
+
+
+def registered_product_pair(m, a, b1, b2, *, enable, name):
+    """``a * b1`` and ``a * b2`` between registers on **one** MULT18X18D.
+
+    The DSP multiplies ``a`` by ``B = b1 + 2**k * b2`` (``k`` the width of the exact
+    product ``a * b1``), so ``P = a*b1 + 2**k * a*b2`` and each product is a field of
+    ``P``. Signed operands make the low product borrow from the high one, which is undone
+    on both sides: ``B``'s upper field is ``b2 - sign(b1)`` (``b1`` sign-extended to
+    ``k`` bits is ``b1 + 2**k`` when negative), and ``a*b2 = (P >> k) + P[k-1]`` (the low
+    field is ``a*b1 + 2**k`` when ``a*b1`` is negative). Both are exact for every pair of
+    operand values. Registers as :func:`registered_product`: the DSP's input registers
+    take the operands (the decrement is in front of them), its output register the
+    packed product; the increment follows that register.
+
+    Parameters
+    ----------
+    m : Module
+    a, b1, b2 : Value
+        Signed operands; ``b1`` and ``b2`` of one shape; :func:`pair_fits` of the shapes.
+    enable : Value
+        One bit: the registers load when it is high.
+    name : str
+        Prefix of the instance and its signals.
+
+    Returns
+    -------
+    (Signal, Value)
+        ``a * b1`` and ``a * b2``, each of the shape of the exact product, of the operands
+        presented two enabled edges earlier.
+
+    Raises
+    ------
+    ValueError
+        An operand is unsigned, ``b1`` and ``b2`` differ in shape, or the shapes do not
+        fit one DSP (the message names the shapes).
+    """
+    a_shape, b_shape = a.shape(), b1.shape()
+    if not (a_shape.signed and b_shape.signed) or b2.shape() != b_shape:
+        raise ValueError(
+            f"registered_product_pair {name!r}: operands must be signed and b1, b2 of one "
+            f"shape, not a {a_shape!r}, b1 {b_shape!r}, b2 {b2.shape()!r}")
+    if not pair_fits(a_shape, b_shape):
+        raise ValueError(
+            f"registered_product_pair {name!r}: a {a_shape!r} and b {b_shape!r} do not fit "
+            f"one {DSP_WIDTH}-bit MULT18X18D operand pair (width(a) + 2 width(b) + 1 = "
+            f"{a_shape.width + 2 * b_shape.width + 1} > {DSP_WIDTH})")
+    k = a_shape.width + b_shape.width
+    high = Signal(signed(b_shape.width + 1), name=f"{name}_b2_dec")
+    m.d.comb += high.eq(b2 - b1[-1])
+    packed = Cat(b1, b1[-1].replicate(k - b_shape.width), high).as_signed()
+    full = registered_product(m, a, packed, enable=enable, name=name)
+    low = full[:k].as_signed()
+    p2 = Signal(signed(k), name=f"{name}_p2")
+    m.d.comb += p2.eq(full[k:2 * k] + full[k - 1])
+    return low, p2

@@ -13,7 +13,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from host.config import MvmConfig
 from host.formats import (
-    E8M0_BIAS, FP16_BITS, MVM_EXP_MAX, Rounding, block_layout, check_int,
+    E8M0_BIAS, FP16_BITS, MVM_EXP_MAX, Rounding, block_layout,
 )
 
 from .fp16_convert import LATENCY as CONVERTER_LATENCY
@@ -21,7 +21,9 @@ from .fp16_convert import FixedToFp16
 from .mvm_accumulator import BfpAccumulator
 from .quantizer import LATENCY as QUANTIZER_LATENCY
 from .quantizer import VectorQuantizer
-from .tile_engine import NARROW_WIDTH_BITS, TileEngine, fit_thermometer, or_all, popcount
+from .tile_engine import (
+    NARROW_WIDTH_BITS, TileEngine, check_dsp_options, fit_thermometer, or_all, popcount,
+)
 
 __all__ = [
     "Mvm", "command_layout", "weight_row_layout", "mrf_word_layout", "mrf_address_layout",
@@ -162,6 +164,10 @@ class Mvm(wiring.Component):
         ``0 .. dsp_lanes - 1`` of every engine; :class:`hw.tile_engine.DotProductEngine`).
         A mapping choice only: no result, cycle or port changes, and without an ECP5 it
         has no effect.
+    dsp_packing : int, 1 or 2, default 1
+        Products per MULT18X18D: with 2, lane ``j`` of dot-product engines ``2i`` and
+        ``2i + 1`` share one DSP (``T * N * dsp_lanes / 2`` of them;
+        :func:`hw.dsp.registered_product_pair`). Needs ``m_v + 2 m_w + 1 <= 18``.
 
     Attributes
     ----------
@@ -196,17 +202,18 @@ class Mvm(wiring.Component):
     Raises
     ------
     TypeError
-        ``config`` is not an :class:`~host.config.MvmConfig`; ``dsp_lanes`` is not an
-        integer.
+        ``config`` is not an :class:`~host.config.MvmConfig`; ``dsp_lanes`` or
+        ``dsp_packing`` is not an integer.
     ValueError
-        ``dsp_lanes`` is not from 0 to ``config.n``.
+        ``dsp_lanes`` is not from 0 to ``config.n``; ``dsp_packing`` is not 1 or 2, or 2
+        with mantissa widths that do not fit (the message names them).
     """
 
-    def __init__(self, config, *, dsp_lanes=0):
+    def __init__(self, config, *, dsp_lanes=0, dsp_packing=1):
         if not isinstance(config, MvmConfig):
             raise TypeError(f"config must be an MvmConfig, not {config!r}")
         self._config = c = config
-        self._dsp_lanes = check_int("dsp_lanes", dsp_lanes, 0, c.n)
+        self._dsp_lanes, self._dsp_packing = check_dsp_options(c, dsp_lanes, dsp_packing)
         cb = c.counter_bits
         super().__init__({
             "cmd": In(stream.Signature(command_layout(c))),
@@ -237,6 +244,11 @@ class Mvm(wiring.Component):
     def dsp_lanes(self):
         """Products per dot-product engine on DSP blocks when elaborated for an ECP5."""
         return self._dsp_lanes
+
+    @property
+    def dsp_packing(self):
+        """Products per DSP block (1 or 2)."""
+        return self._dsp_packing
 
     # --- pipeline geometry (docs/mvm.md) ------------------------------------------------
 
@@ -271,7 +283,7 @@ class Mvm(wiring.Component):
             n=n, mantissa_bits=c.mantissa_bits_w, counter_bits=cb)
         engines = []
         for t in range(tiles):
-            e = TileEngine(c, dsp_lanes=self._dsp_lanes)
+            e = TileEngine(c, dsp_lanes=self._dsp_lanes, dsp_packing=self._dsp_packing)
             m.submodules[f"engine{t}"] = e
             engines.append(e)
         m.submodules.accumulator = acc = BfpAccumulator(c)

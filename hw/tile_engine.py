@@ -22,11 +22,13 @@ from amaranth.utils import ceil_log2
 from host.config import MvmConfig
 from host.formats import E8M0_BIAS, block_layout, check_int
 
-from .dsp import has_ecp5_dsp, registered_product
+from .dsp import (
+    DSP_WIDTH, has_ecp5_dsp, pair_fits, registered_product, registered_product_pair,
+)
 
 __all__ = [
-    "DotProductEngine", "TileEngine", "shift_offset", "shift_range", "shift_shape",
-    "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "or_all",
+    "DotProductEngine", "TileEngine", "check_dsp_options", "shift_offset", "shift_range",
+    "shift_shape", "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "or_all",
     "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
 ]
 
@@ -45,8 +47,21 @@ def _check_config(config):
     return config
 
 
-def _check_dsp_lanes(config, dsp_lanes):
-    return check_int("dsp_lanes", dsp_lanes, 0, config.n)
+def check_dsp_options(config, dsp_lanes, dsp_packing):
+    """Validate :class:`TileEngine`'s (and ``hw.mvm.Mvm``'s) DSP options; return them.
+
+    Raises ``TypeError`` for a non-integer and ``ValueError`` for ``dsp_lanes`` outside
+    0..n, ``dsp_packing`` not 1 or 2, or ``dsp_packing = 2`` with mantissa widths whose
+    packed operand does not fit a MULT18X18D (:func:`hw.dsp.pair_fits`).
+    """
+    dsp_lanes = check_int("dsp_lanes", dsp_lanes, 0, config.n)
+    dsp_packing = check_int("dsp_packing", dsp_packing, 1, 2)
+    mv, mw = config.mantissa_bits_v, config.mantissa_bits_w
+    if dsp_packing == 2 and not pair_fits(signed(mv), signed(mw)):
+        raise ValueError(
+            f"dsp_packing 2 needs mantissa_bits_v + 2 * mantissa_bits_w + 1 <= {DSP_WIDTH} "
+            f"(two products on one MULT18X18D), not {mv} + 2 * {mw} + 1 = {mv + 2 * mw + 1}")
+    return dsp_lanes, dsp_packing
 
 
 def shift_offset(config: MvmConfig) -> int:
@@ -155,20 +170,17 @@ class DotProductEngine(wiring.Component):
     in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
     ``k >= 1``: no valid bit is needed to keep the count exact.
 
-    **DSP blocks.** Elaborated for an ECP5 (:func:`hw.dsp.has_ecp5_dsp`), the products
-    of lanes ``0 .. dsp_lanes - 1`` are each a MULT18X18D (:func:`hw.dsp.registered_product`)
-    whose input registers stand for the caller's registers of ``weights`` and ``vector``
-    (so they take ``weights_next`` and ``vector_next``, the values those registers load)
-    and whose output register is the product register: same stage, same result. Each
-    takes 27 LUT4 sites of the fabric's Booth product off the fabric (``docs/mvm.md``
-    section 11). Without an ECP5, or with ``dsp_lanes = 0``, every product is in the
-    fabric and ``weights_next``/``vector_next`` are unused.
+    **Products from outside.** The products of lanes ``0 .. outer_lanes - 1`` are not
+    formed here: the caller gives them in ``lane_products``, in the cycle this engine's
+    own product registers take theirs (one cycle after the blocks). :class:`TileEngine`
+    forms them on MULT18X18D blocks when elaborated for an ECP5 (``docs/dsp.md``), one or
+    two per DSP, and with fabric registers elsewhere. The values are the same either way.
 
     Parameters
     ----------
     config : MvmConfig
-    dsp_lanes : int, 0..n, default 0
-        Products formed on DSP blocks when elaborated for an ECP5.
+    outer_lanes : int, 0..n, default 0
+        Lanes whose products come from ``lane_products``.
 
     Attributes
     ----------
@@ -176,9 +188,10 @@ class DotProductEngine(wiring.Component):
         The weight block (one MRF word), registered by the caller.
     vector : ``In(block_layout(n, mantissa_bits_v))``
         The vector block, registered by the caller (all zero when not in use).
-    weights_next, vector_next : ``In(block_layout(...))``
-        Only with ``dsp_lanes > 0``: what the caller's registers of ``weights`` and
-        ``vector`` load this cycle.
+    lane_products : ``In(ArrayLayout(signed(config.product_bits), outer_lanes))``
+        Only with ``outer_lanes > 0``: ``vector.mantissas[j] * weights.mantissas[j]`` of
+        the blocks of the previous cycle, for ``j < outer_lanes`` (the low
+        ``product_bits`` bits, as the fabric form takes them).
     therm : ``In(config.dot_bits - 1)``
         :func:`fit_thermometer` of the narrow width ``k``, sampled with the blocks.
     dot : ``Out(signed(config.dot_bits))``
@@ -189,10 +202,10 @@ class DotProductEngine(wiring.Component):
         Cycles from ``weights``/``vector`` to ``dot``/``shift`` and to ``narrow``.
     """
 
-    def __init__(self, config, *, dsp_lanes=0):
+    def __init__(self, config, *, outer_lanes=0):
         self._config = _check_config(config)
         c = config
-        self._dsp_lanes = _check_dsp_lanes(c, dsp_lanes)
+        self._outer_lanes = check_int("outer_lanes", outer_lanes, 0, c.n)
         self._tree_stages = self.tree_stages(c)
         ports = {
             "weights": In(block_layout(c.n, c.mantissa_bits_w)),
@@ -202,15 +215,15 @@ class DotProductEngine(wiring.Component):
             "shift": Out(shift_shape(c)),
             "narrow": Out(range(2 * c.n)),
         }
-        if self._dsp_lanes:
-            ports["weights_next"] = In(block_layout(c.n, c.mantissa_bits_w))
-            ports["vector_next"] = In(block_layout(c.n, c.mantissa_bits_v))
+        if self._outer_lanes:
+            ports["lane_products"] = In(
+                data.ArrayLayout(signed(c.product_bits), self._outer_lanes))
         super().__init__(ports)
 
     @property
-    def dsp_lanes(self):
-        """Products formed on DSP blocks when elaborated for an ECP5."""
-        return self._dsp_lanes
+    def outer_lanes(self):
+        """Lanes whose products come from ``lane_products``."""
+        return self._outer_lanes
 
     @staticmethod
     def tree_stages(config):
@@ -244,19 +257,12 @@ class DotProductEngine(wiring.Component):
         n = c.n
 
         # --- stage 1: the N mantissa products and the block pair's shift -------------
-        dsp_lanes = self._dsp_lanes if has_ecp5_dsp(platform) else 0
         values = []
         for j in range(n):
-            p = Signal(signed(c.product_bits), name=f"product{j}")
-            if j < dsp_lanes:
-                # The DSP's input registers load what the caller's registers load; its
-                # output register is this one. The symmetric mantissas' product fits
-                # product_bits, and the low bits are taken as the fabric form takes them.
-                full = registered_product(m, self.vector_next.mantissas[j],
-                                          self.weights_next.mantissas[j],
-                                          enable=Const(1, 1), name=f"mul{j}")
-                m.d.comb += p.eq(full)
+            if j < self._outer_lanes:
+                p = self.lane_products[j]
             else:
+                p = Signal(signed(c.product_bits), name=f"product{j}")
                 m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
             # Stage 2: the product once more, beside the tree.
             p2 = Signal(signed(c.product_bits), name=f"product{j}_s2")
@@ -340,8 +346,14 @@ class TileEngine(wiring.Component):
     ----------
     config : MvmConfig
     dsp_lanes : int, 0..n, default 0
-        Products of each dot-product engine formed on DSP blocks when elaborated for an
-        ECP5 (:class:`DotProductEngine`); ``T * N * dsp_lanes`` MULT18X18D in an MVM.
+        Lanes ``0 .. dsp_lanes - 1`` of every dot-product engine have their products
+        formed here (the engines' ``lane_products``): on MULT18X18D blocks when elaborated
+        for an ECP5, in registered fabric products elsewhere.
+    dsp_packing : int, 1 or 2, default 1
+        Products per MULT18X18D: 2 puts lane ``j`` of engines ``2i`` and ``2i + 1``
+        (which share the vector element) on one DSP (:func:`hw.dsp.registered_product_pair`),
+        ``N * dsp_lanes / 2`` DSPs per tile engine instead of ``N * dsp_lanes``. Needs
+        ``m_v + 2 m_w + 1 <= 18``.
 
     Attributes
     ----------
@@ -375,10 +387,10 @@ class TileEngine(wiring.Component):
         the read.
     """
 
-    def __init__(self, config, *, dsp_lanes=0):
+    def __init__(self, config, *, dsp_lanes=0, dsp_packing=1):
         self._config = _check_config(config)
         c = config
-        self._dsp_lanes = _check_dsp_lanes(c, dsp_lanes)
+        self._dsp_lanes, self._dsp_packing = check_dsp_options(c, dsp_lanes, dsp_packing)
         self._narrow_sum_stages = ceil_log2(c.n)
         super().__init__({
             "rd_addr": In(self.slot_bits(c)),
@@ -472,7 +484,12 @@ class TileEngine(wiring.Component):
         therm3 = delayed(self.therm, "therm", 3)
         rb_clear1 = delayed(self.rb_clear, "rb_clear", 1)
 
+        # What each engine's vector copy loads (all N copies load the same block).
+        vector_next = Signal(block_layout(n, c.mantissa_bits_v), name="vector_next")
+        m.d.comb += vector_next.eq(Mux(enable2, vblock, 0))
+
         words = []
+        dpes = []
         narrows = []
         for i in range(n):
             mem = Memory(shape=c.weight_block_bits, depth=c.mrf_depth, init=[])
@@ -496,14 +513,18 @@ class TileEngine(wiring.Component):
             m.d.sync += word3.eq(word)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
                          attrs={"keep": 1})
-            vec_next = Mux(enable2, vblock, 0)
-            m.d.sync += vec.eq(vec_next)
+            m.d.sync += vec.eq(vector_next)
             words.append(word)
 
-            dpe = DotProductEngine(c, dsp_lanes=self._dsp_lanes)
+            dpe = DotProductEngine(c, outer_lanes=self._dsp_lanes)
             m.submodules[f"dpe{i}"] = dpe
-            if self._dsp_lanes:
-                m.d.comb += [dpe.weights_next.eq(word), dpe.vector_next.eq(vec_next)]
+            dpes.append(dpe)
+            if self._dsp_lanes and not has_ecp5_dsp(platform):
+                # The same registered products as the engine's own lanes.
+                for j in range(self._dsp_lanes):
+                    p = Signal(signed(c.product_bits), name=f"product{i}_{j}")
+                    m.d.sync += p.eq(vec.mantissas[j] * word3.mantissas[j])
+                    m.d.comb += dpe.lane_products[j].eq(p)
             m.d.comb += [
                 dpe.weights.eq(word3),
                 dpe.vector.eq(vec),
@@ -512,6 +533,26 @@ class TileEngine(wiring.Component):
                 self.shift[i].eq(dpe.shift),
             ]
             narrows.append(dpe.narrow)
+
+        if self._dsp_lanes and has_ecp5_dsp(platform):
+            # The DSPs' input registers stand for the word's second register and the
+            # vector copy (they load what those load: the word's first register and the
+            # masked vector block); their output register is the product register.
+            one = Const(1, 1)
+            for j in range(self._dsp_lanes):
+                x = vector_next.mantissas[j]
+                if self._dsp_packing == 2:
+                    for i in range(0, n, 2):
+                        lo, hi = registered_product_pair(
+                            m, x, words[i].mantissas[j], words[i + 1].mantissas[j],
+                            enable=one, name=f"mul{i}_{i + 1}_{j}")
+                        m.d.comb += [dpes[i].lane_products[j].eq(lo),
+                                     dpes[i + 1].lane_products[j].eq(hi)]
+                else:
+                    for i in range(n):
+                        p = registered_product(m, x, words[i].mantissas[j], enable=one,
+                                               name=f"mul{i}_{j}")
+                        m.d.comb += dpes[i].lane_products[j].eq(p)
 
         m.d.comb += self.rb_word.eq(or_all(w.as_value() for w in words))
 

@@ -18,10 +18,14 @@ import re
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Const, Module, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
 from host.config import MvmConfig
 from host.fp16 import BinaryOp
-from hw.dsp import ECP5_TARGET, has_ecp5_dsp, registered_product
+from hw.dsp import (
+    ECP5_TARGET, has_ecp5_dsp, pair_fits, registered_product, registered_product_pair,
+)
 from hw.fp16_arith import Fp16Binary
 from hw.fp16_unary import Fp16Unary
 from hw.mvm import Mvm
@@ -81,23 +85,85 @@ MVM_CONFIG = MvmConfig(n=8, tiles=2, mrf_depth=32, max_col_tiles=8)
 MVM_DSP_LANES = 3
 
 
-def test_mvm_ecp5(simulator):
+@pytest.mark.parametrize("packing", [1, 2])
+def test_mvm_ecp5(simulator, packing):
     """Every test of the MVM bench (random shapes, edge values, both roundings, static
-    exponents, stalls, counters, MRF writes and read-back) on the ECP5 form."""
+    exponents, stalls, counters, MRF writes and read-back) on the ECP5 form, with one
+    product per DSP and with two (engines 2i and 2i + 1 sharing each)."""
     c = MVM_CONFIG
     run_cocotb(
-        name=f"mvm_n{c.n}_t{c.tiles}_dsp{MVM_DSP_LANES}_ecp5",
-        component=Mvm(c, dsp_lanes=MVM_DSP_LANES),
+        name=f"mvm_n{c.n}_t{c.tiles}_dsp{MVM_DSP_LANES}x{packing}_ecp5",
+        component=Mvm(c, dsp_lanes=MVM_DSP_LANES, dsp_packing=packing),
         test_module="sim.test_mvm",
         simulator=simulator,
         platform=ECP5_TARGET,
         extra_sources=ECP5_MODELS,
         extra_env={
             **config_env(c),
-            "MVM_PRODUCTS": "12" if simulator == "verilator" else "4",
-            "MVM_MATRICES": "3",
+            "MVM_PRODUCTS": "6" if simulator == "verilator" else "2",
+            "MVM_MATRICES": "2",
         },
     )
+
+
+class PairProduct(wiring.Component):
+    """:func:`hw.dsp.registered_product_pair` of three signed operands, for its bench."""
+
+    def __init__(self, a_bits, b_bits):
+        self._a_bits, self._b_bits = a_bits, b_bits
+        super().__init__({
+            "a": In(signed(a_bits)), "b1": In(signed(b_bits)), "b2": In(signed(b_bits)),
+            "p1": Out(signed(a_bits + b_bits)), "p2": Out(signed(a_bits + b_bits)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        p1, p2 = registered_product_pair(m, self.a, self.b1, self.b2, enable=Const(1, 1),
+                                         name="pair")
+        m.d.comb += [self.p1.eq(p1), self.p2.eq(p2)]
+        return m
+
+
+#: The widest operands one DSP takes two products of (5 + 2 * 6 + 1 = 18), and the
+#: MVM bench's 4 x 4.
+PAIR_WIDTHS = [(5, 6), (4, 4)]
+
+
+@pytest.mark.parametrize("a_bits, b_bits", PAIR_WIDTHS)
+def test_pair_ecp5(simulator, a_bits, b_bits):
+    """Both products of every combination of operand values, on the MULT18X18D model
+    (Icarus: 20,000 random triples and the corners at the widest operands)."""
+    assert pair_fits(signed(a_bits), signed(b_bits))
+    env = {"PAIR_A_BITS": str(a_bits), "PAIR_B_BITS": str(b_bits)}
+    if simulator == "icarus" and (a_bits, b_bits) == PAIR_WIDTHS[0]:
+        env["PAIR_COUNT"] = "20000"
+    run_cocotb(
+        name=f"dsp_pair_a{a_bits}_b{b_bits}",
+        component=PairProduct(a_bits, b_bits),
+        test_module="sim.test_dsp_pair",
+        simulator=simulator,
+        platform=ECP5_TARGET,
+        extra_sources=ECP5_MODELS,
+        extra_env=env,
+    )
+
+
+@pytest.mark.parametrize("a_shape, b_shape, message", [
+    (signed(5), signed(7), "do not fit one 18-bit MULT18X18D operand pair"),
+    (signed(6), signed(6), r"width\(a\) \+ 2 width\(b\) \+ 1 = 19 > 18"),
+    (unsigned(4), signed(4), "operands must be signed"),
+    (signed(4), unsigned(4), "operands must be signed"),
+])
+def test_pair_limits(a_shape, b_shape, message):
+    with pytest.raises(ValueError, match=message):
+        registered_product_pair(Module(), Signal(a_shape), Signal(b_shape), Signal(b_shape),
+                                enable=Const(1), name="x")
+
+
+def test_pair_operands_of_one_shape():
+    with pytest.raises(ValueError, match=r"b1 signed\(4\), b2 signed\(5\)"):
+        registered_product_pair(Module(), Signal(signed(4)), Signal(signed(4)),
+                                Signal(signed(5)), enable=Const(1), name="x")
 
 
 def test_mvm_instances():
@@ -105,6 +171,8 @@ def test_mvm_instances():
     c = MVM_CONFIG
     assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), ECP5_TARGET) == 2 * 8 * MVM_DSP_LANES
     assert _instances(Mvm(c, dsp_lanes=8), ECP5_TARGET) == 2 * 8 * 8
+    assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES, dsp_packing=2),
+                      ECP5_TARGET) == 2 * 8 * MVM_DSP_LANES // 2
     assert _instances(Mvm(c), ECP5_TARGET) == 0
     assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), None) == 0
 
@@ -118,6 +186,21 @@ def test_mvm_instances():
 def test_mvm_dsp_lanes_errors(value, error, message):
     with pytest.raises(error) as info:
         Mvm(MVM_CONFIG, dsp_lanes=value)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("config, value, error, message", [
+    (MVM_CONFIG, 0, ValueError, "dsp_packing must be from 1 to 2, not 0"),
+    (MVM_CONFIG, 3, ValueError, "dsp_packing must be from 1 to 2, not 3"),
+    (MVM_CONFIG, 2.0, TypeError, "dsp_packing must be an integer, not 2.0"),
+    (MvmConfig(n=8, tiles=2, mrf_depth=32, max_col_tiles=8, mantissa_bits_v=4,
+               mantissa_bits_w=7), 2, ValueError,
+     "dsp_packing 2 needs mantissa_bits_v + 2 * mantissa_bits_w + 1 <= 18 (two products "
+     "on one MULT18X18D), not 4 + 2 * 7 + 1 = 19"),
+])
+def test_mvm_dsp_packing_errors(config, value, error, message):
+    with pytest.raises(error) as info:
+        Mvm(config, dsp_lanes=2, dsp_packing=value)
     assert str(info.value) == message
 
 

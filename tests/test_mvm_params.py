@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Build parameters of the MVM: ``MvmConfig`` validation, the MRF placement
 (``tile_slot``, ``slots_needed``), and the gateware constructors' checks.
 
