@@ -617,9 +617,16 @@ class Mvm(wiring.Component):
         src_slot = Mux(from_q, q_addr.slot, self.mrf_w.payload.slot)
         src_block = Mux(from_q, wq.o_stream.payload.as_value(),
                         self.mrf_w.payload.block.as_value())
-        src_code = src_block[:8]
-        bad_word = ((src_code > EXPONENT_CODE_MAX) | (src_engine >= tiles)
-                    | (src_slot >= c.mrf_depth))
+
+        def word_bad(engine, slot, block):
+            return (block[:8] > EXPONENT_CODE_MAX) | (engine >= tiles) | (slot >= c.mrf_depth)
+        # Each source is checked before the choice. Checked after it, the check shared
+        # the choice's LUTs with the write-data register beside the engines' block RAMs,
+        # and its result crossed the die back to `error`: a one-engine build's routed
+        # critical path (docs/mvm.md section 11).
+        mw = self.mrf_w.payload
+        bad_word = Mux(from_q, word_bad(q_addr.engine, q_addr.slot, wq.o_stream.payload.as_value()),
+                       word_bad(mw.engine, mw.slot, mw.block.as_value()))
         wr_valid = Signal(name="mrf_write_valid")
         wr_engine = Signal(_engine_bits(c), name="mrf_write_engine")
         wr_rows = Signal(n, name="mrf_write_rows")
