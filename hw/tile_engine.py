@@ -170,17 +170,27 @@ class DotProductEngine(wiring.Component):
     in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
     ``k >= 1``: no valid bit is needed to keep the count exact.
 
-    **Products from outside.** The products of lanes ``0 .. outer_lanes - 1`` are not
-    formed here: the caller gives them in ``lane_products``, in the cycle this engine's
-    own product registers take theirs (one cycle after the blocks). :class:`TileEngine`
-    forms them on MULT18X18D blocks when elaborated for an ECP5 (``docs/dsp.md``), one or
-    two per DSP, and with fabric registers elsewhere. The values are the same either way.
+    **DSP blocks.** Elaborated for an ECP5 (:func:`hw.dsp.has_ecp5_dsp`), the products
+    of lanes ``0 .. dsp_lanes - 1`` are each a MULT18X18D (:func:`hw.dsp.registered_product`)
+    whose input registers stand for the caller's registers of ``weights`` and ``vector``
+    (so they take ``weights_next`` and ``vector_next``, the values those registers load)
+    and whose output register is the product register: same stage, same result. Each
+    takes 27 LUT4 sites of the fabric's Booth product off the fabric (``docs/mvm.md``
+    section 11). Without an ECP5 these lanes are in the fabric and
+    ``weights_next``/``vector_next`` are unused.
+
+    **Products from outside.** Or the products of lanes ``0 .. outer_lanes - 1`` are
+    not formed here: the caller gives them in ``lane_products``, in the cycle this
+    engine's own product registers take theirs (one cycle after the blocks).
+    :class:`TileEngine` does so for two products per DSP (``docs/dsp.md``).
 
     Parameters
     ----------
     config : MvmConfig
+    dsp_lanes : int, 0..n, default 0
+        Products formed on DSP blocks when elaborated for an ECP5.
     outer_lanes : int, 0..n, default 0
-        Lanes whose products come from ``lane_products``.
+        Lanes whose products come from ``lane_products``; not with ``dsp_lanes``.
 
     Attributes
     ----------
@@ -188,6 +198,9 @@ class DotProductEngine(wiring.Component):
         The weight block (one MRF word), registered by the caller.
     vector : ``In(block_layout(n, mantissa_bits_v))``
         The vector block, registered by the caller (all zero when not in use).
+    weights_next, vector_next : ``In(block_layout(...))``
+        Only with ``dsp_lanes > 0``: what the caller's registers of ``weights`` and
+        ``vector`` load this cycle.
     lane_products : ``In(ArrayLayout(signed(config.product_bits), outer_lanes))``
         Only with ``outer_lanes > 0``: ``vector.mantissas[j] * weights.mantissas[j]`` of
         the blocks of the previous cycle, for ``j < outer_lanes`` (the low
@@ -202,10 +215,14 @@ class DotProductEngine(wiring.Component):
         Cycles from ``weights``/``vector`` to ``dot``/``shift`` and to ``narrow``.
     """
 
-    def __init__(self, config, *, outer_lanes=0):
+    def __init__(self, config, *, dsp_lanes=0, outer_lanes=0):
         self._config = _check_config(config)
         c = config
+        self._dsp_lanes = check_int("dsp_lanes", dsp_lanes, 0, c.n)
         self._outer_lanes = check_int("outer_lanes", outer_lanes, 0, c.n)
+        if self._dsp_lanes and self._outer_lanes:
+            raise ValueError(f"dsp_lanes ({dsp_lanes}) and outer_lanes ({outer_lanes}) "
+                             f"cannot both be set")
         self._tree_stages = self.tree_stages(c)
         ports = {
             "weights": In(block_layout(c.n, c.mantissa_bits_w)),
@@ -215,10 +232,18 @@ class DotProductEngine(wiring.Component):
             "shift": Out(shift_shape(c)),
             "narrow": Out(range(2 * c.n)),
         }
+        if self._dsp_lanes:
+            ports["weights_next"] = In(block_layout(c.n, c.mantissa_bits_w))
+            ports["vector_next"] = In(block_layout(c.n, c.mantissa_bits_v))
         if self._outer_lanes:
             ports["lane_products"] = In(
                 data.ArrayLayout(signed(c.product_bits), self._outer_lanes))
         super().__init__(ports)
+
+    @property
+    def dsp_lanes(self):
+        """Products formed on DSP blocks when elaborated for an ECP5."""
+        return self._dsp_lanes
 
     @property
     def outer_lanes(self):
@@ -257,10 +282,20 @@ class DotProductEngine(wiring.Component):
         n = c.n
 
         # --- stage 1: the N mantissa products and the block pair's shift -------------
+        dsp_lanes = self._dsp_lanes if has_ecp5_dsp(platform) else 0
         values = []
         for j in range(n):
             if j < self._outer_lanes:
                 p = self.lane_products[j]
+            elif j < dsp_lanes:
+                # The DSP's input registers load what the caller's registers load; its
+                # output register is this one. The low bits are taken as the fabric
+                # form takes them.
+                p = Signal(signed(c.product_bits), name=f"product{j}")
+                full = registered_product(m, self.vector_next.mantissas[j],
+                                          self.weights_next.mantissas[j],
+                                          enable=Const(1, 1), name=f"mul{j}")
+                m.d.comb += p.eq(full)
             else:
                 p = Signal(signed(c.product_bits), name=f"product{j}")
                 m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
@@ -347,8 +382,9 @@ class TileEngine(wiring.Component):
     config : MvmConfig
     dsp_lanes : int, 0..n, default 0
         Lanes ``0 .. dsp_lanes - 1`` of every dot-product engine have their products
-        formed here (the engines' ``lane_products``): on MULT18X18D blocks when elaborated
-        for an ECP5, in registered fabric products elsewhere.
+        formed on MULT18X18D blocks when elaborated for an ECP5 (in the fabric
+        elsewhere): by each engine itself (:class:`DotProductEngine`) with one product
+        per DSP, by this tile engine (the engines' ``lane_products``) with two.
     dsp_packing : int, 1 or 2, default 1
         Products per MULT18X18D: 2 puts lane ``j`` of engines ``2i`` and ``2i + 1``
         (which share the vector element) on one DSP (:func:`hw.dsp.registered_product_pair`),
@@ -484,10 +520,6 @@ class TileEngine(wiring.Component):
         therm3 = delayed(self.therm, "therm", 3)
         rb_clear1 = delayed(self.rb_clear, "rb_clear", 1)
 
-        # What each engine's vector copy loads (all N copies load the same block).
-        vector_next = Signal(block_layout(n, c.mantissa_bits_v), name="vector_next")
-        m.d.comb += vector_next.eq(Mux(enable2, vblock, 0))
-
         words = []
         dpes = []
         narrows = []
@@ -513,13 +545,20 @@ class TileEngine(wiring.Component):
             m.d.sync += word3.eq(word)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
                          attrs={"keep": 1})
-            m.d.sync += vec.eq(vector_next)
+            vec_next = Mux(enable2, vblock, 0)
+            m.d.sync += vec.eq(vec_next)
             words.append(word)
 
-            dpe = DotProductEngine(c, outer_lanes=self._dsp_lanes)
+            # One product per DSP: the engine forms its DSP lanes itself. Two: this tile
+            # engine forms them for each pair of engines (below).
+            paired = self._dsp_packing == 2
+            dpe = DotProductEngine(c, dsp_lanes=0 if paired else self._dsp_lanes,
+                                   outer_lanes=self._dsp_lanes if paired else 0)
             m.submodules[f"dpe{i}"] = dpe
             dpes.append(dpe)
-            if self._dsp_lanes and not has_ecp5_dsp(platform):
+            if self._dsp_lanes and not paired:
+                m.d.comb += [dpe.weights_next.eq(word), dpe.vector_next.eq(vec_next)]
+            if self._dsp_lanes and paired and not has_ecp5_dsp(platform):
                 # The same registered products as the engine's own lanes.
                 for j in range(self._dsp_lanes):
                     p = Signal(signed(c.product_bits), name=f"product{i}_{j}")
@@ -534,25 +573,19 @@ class TileEngine(wiring.Component):
             ]
             narrows.append(dpe.narrow)
 
-        if self._dsp_lanes and has_ecp5_dsp(platform):
+        if self._dsp_lanes and self._dsp_packing == 2 and has_ecp5_dsp(platform):
             # The DSPs' input registers stand for the word's second register and the
             # vector copy (they load what those load: the word's first register and the
             # masked vector block); their output register is the product register.
-            one = Const(1, 1)
+            vector_next = block_layout(n, c.mantissa_bits_v)(Mux(enable2, vblock, 0))
             for j in range(self._dsp_lanes):
-                x = vector_next.mantissas[j]
-                if self._dsp_packing == 2:
-                    for i in range(0, n, 2):
-                        lo, hi = registered_product_pair(
-                            m, x, words[i].mantissas[j], words[i + 1].mantissas[j],
-                            enable=one, name=f"mul{i}_{i + 1}_{j}")
-                        m.d.comb += [dpes[i].lane_products[j].eq(lo),
-                                     dpes[i + 1].lane_products[j].eq(hi)]
-                else:
-                    for i in range(n):
-                        p = registered_product(m, x, words[i].mantissas[j], enable=one,
-                                               name=f"mul{i}_{j}")
-                        m.d.comb += dpes[i].lane_products[j].eq(p)
+                for i in range(0, n, 2):
+                    lo, hi = registered_product_pair(
+                        m, vector_next.mantissas[j], words[i].mantissas[j],
+                        words[i + 1].mantissas[j], enable=Const(1, 1),
+                        name=f"mul{i}_{i + 1}_{j}")
+                    m.d.comb += [dpes[i].lane_products[j].eq(lo),
+                                 dpes[i + 1].lane_products[j].eq(hi)]
 
         m.d.comb += self.rb_word.eq(or_all(w.as_value() for w in words))
 

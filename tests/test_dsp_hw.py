@@ -29,6 +29,7 @@ from hw.dsp import (
 from hw.fp16_arith import Fp16Binary
 from hw.fp16_unary import Fp16Unary
 from hw.mvm import Mvm
+from hw.tile_engine import DotProductEngine
 from sim.fp16_vectors import find_testfloat
 from sim.runner import ECP5_MODELS, run_cocotb
 from sim.test_mvm import config_env
@@ -202,6 +203,13 @@ def test_mvm_dsp_packing_errors(config, value, error, message):
     with pytest.raises(error) as info:
         Mvm(config, dsp_lanes=2, dsp_packing=value)
     assert str(info.value) == message
+
+
+def test_engine_lane_sources_exclusive():
+    """A dot-product engine forms its DSP lanes itself or takes them from outside."""
+    with pytest.raises(ValueError, match=r"^dsp_lanes \(2\) and outer_lanes \(1\) cannot "
+                                         r"both be set$"):
+        DotProductEngine(MVM_CONFIG, dsp_lanes=2, outer_lanes=1)
 
 
 def test_instances_only_on_ecp5():
