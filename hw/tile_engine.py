@@ -382,9 +382,9 @@ class TileEngine(wiring.Component):
     config : MvmConfig
     dsp_lanes : int, 0..n, default 0
         Lanes ``0 .. dsp_lanes - 1`` of every dot-product engine have their products
-        formed on MULT18X18D blocks when elaborated for an ECP5 (in the fabric
-        elsewhere): by each engine itself (:class:`DotProductEngine`) with one product
-        per DSP, by this tile engine (the engines' ``lane_products``) with two.
+        formed on MULT18X18D blocks when elaborated for an ECP5: by each engine itself
+        (:class:`DotProductEngine`) with one product per DSP, by this tile engine (the
+        engines' ``lane_products``) with two. Elsewhere every product is in the fabric.
     dsp_packing : int, 1 or 2, default 1
         Products per MULT18X18D: 2 puts lane ``j`` of engines ``2i`` and ``2i + 1``
         (which share the vector element) on one DSP (:func:`hw.dsp.registered_product_pair`),
@@ -520,6 +520,7 @@ class TileEngine(wiring.Component):
         therm3 = delayed(self.therm, "therm", 3)
         rb_clear1 = delayed(self.rb_clear, "rb_clear", 1)
 
+        dsp = has_ecp5_dsp(platform)
         words = []
         dpes = []
         narrows = []
@@ -549,21 +550,16 @@ class TileEngine(wiring.Component):
             m.d.sync += vec.eq(vec_next)
             words.append(word)
 
-            # One product per DSP: the engine forms its DSP lanes itself. Two: this tile
-            # engine forms them for each pair of engines (below).
+            # One product per DSP: the engine forms its DSP lanes itself. Two, on an
+            # ECP5: this tile engine forms them for each pair of engines (below).
+            # Elsewhere every engine forms all its products in the fabric.
             paired = self._dsp_packing == 2
             dpe = DotProductEngine(c, dsp_lanes=0 if paired else self._dsp_lanes,
-                                   outer_lanes=self._dsp_lanes if paired else 0)
+                                   outer_lanes=self._dsp_lanes if paired and dsp else 0)
             m.submodules[f"dpe{i}"] = dpe
             dpes.append(dpe)
             if self._dsp_lanes and not paired:
                 m.d.comb += [dpe.weights_next.eq(word), dpe.vector_next.eq(vec_next)]
-            if self._dsp_lanes and paired and not has_ecp5_dsp(platform):
-                # The same registered products as the engine's own lanes.
-                for j in range(self._dsp_lanes):
-                    p = Signal(signed(c.product_bits), name=f"product{i}_{j}")
-                    m.d.sync += p.eq(vec.mantissas[j] * word3.mantissas[j])
-                    m.d.comb += dpe.lane_products[j].eq(p)
             m.d.comb += [
                 dpe.weights.eq(word3),
                 dpe.vector.eq(vec),
@@ -573,7 +569,7 @@ class TileEngine(wiring.Component):
             ]
             narrows.append(dpe.narrow)
 
-        if self._dsp_lanes and self._dsp_packing == 2 and has_ecp5_dsp(platform):
+        if self._dsp_lanes and self._dsp_packing == 2 and dsp:
             # The DSPs' input registers stand for the word's second register and the
             # vector copy (they load what those load: the word's first register and the
             # masked vector block); their output register is the product register.

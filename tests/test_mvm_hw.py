@@ -35,18 +35,12 @@ BUILDS = {
                      max_col_tiles=7, counter_bits=10),
 }
 
-#: ``Mvm(dsp_lanes=, dsp_packing=2)`` per build: without an ECP5 the tile engines form
-#: these lanes' products in the fabric themselves (``TileEngine``), which "odd" runs
-#: here; the DSP form is ``tests/test_dsp_hw.py``'s.
-DSP_LANES = {"odd": 1}
 
 
 def _build_name(key):
     c = BUILDS[key]
-    lanes = DSP_LANES.get(key, 0)
     return (f"mvm_n{c.n}_t{c.tiles}_v{c.mantissa_bits_v}_w{c.mantissa_bits_w}"
-            f"_d{c.mrf_depth}_c{c.max_col_tiles}_b{c.counter_bits}"
-            + (f"_l{lanes}x2" if lanes else ""))
+            f"_d{c.mrf_depth}_c{c.max_col_tiles}_b{c.counter_bits}")
 
 
 def _env(config, simulator, **extra):
@@ -63,7 +57,7 @@ def test_mvm(simulator, build):
     config = BUILDS[build]
     run_cocotb(
         name=_build_name(build),
-        component=Mvm(config, dsp_lanes=DSP_LANES.get(build, 0), dsp_packing=2),
+        component=Mvm(config),
         test_module="sim.test_mvm",
         simulator=simulator,
         # Every cocotb test; test_tile_independence skips itself without MVM_RESULTS.
@@ -82,7 +76,7 @@ def test_tile_count_independence(simulator):
         path.unlink(missing_ok=True)
         run_cocotb(
             name=_build_name(build),
-            component=Mvm(config, dsp_lanes=DSP_LANES.get(build, 0), dsp_packing=2),
+            component=Mvm(config),
             test_module="sim.test_mvm",
             simulator=simulator,
             extra_env=_env(config, simulator, MVM_RESULTS=str(path)),
