@@ -292,7 +292,7 @@ def _parse_report(report_json):
 def place_and_route(component, *, name, build_dir, device="85k", package="CABGA381", speed=6,
                     target_mhz=100.0, seed=1, yosys_args=DEFAULT_YOSYS_ARGS,
                     booth_max_width=DEFAULT_BOOTH_MAX_WIDTH, router="router1",
-                    timeout=3600.0, keep_flops=False):
+                    timeout=3600.0, keep_flops=False, detailed_timing=False):
     """Synthesize, place and route ``component`` for an ECP5 and measure it.
 
     Parameters
@@ -331,6 +331,10 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
         flip-flop that drives it, so that Yosys keeps register copies apart instead of
         merging them (:data:`_KEEP_FLOPS`); off by default, so that it changes no
         existing measurement.
+    detailed_timing : bool, default False
+        Add nextpnr's per-net routing delays to ``report.json``
+        (``--detailed-timing-report``): every long route of the design, not only the
+        critical path's, for finding the next few paths to cut in one run.
 
     Returns
     -------
@@ -389,6 +393,8 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
             "--timing-allow-fail", "--report", "report.json", "--log", "nextpnr.log"]
     if package != "CABGA381":
         argv.append("--lpf-allow-unconstrained")
+    if detailed_timing:
+        argv.append("--detailed-timing-report")
     report = build_dir / "report.json"
     report.unlink(missing_ok=True)
     _run("nextpnr-ecp5", argv, cwd=build_dir, log=build_dir / "nextpnr.out", timeout=timeout)

@@ -544,7 +544,6 @@ class Mvm(wiring.Component):
         for t, e in enumerate(engines):
             m.d.comb += [
                 e.rd_addr.eq(Mux(s_valid, s_slot, rb_addr.slot)),
-                e.rd_en.eq(fire | rb[0]),
                 e.vrd_addr.eq(Cat(s_group[:half_bits], s_half)),
                 e.enable.eq(fire & enables[t]),
                 e.therm.eq(s_params.therm),
@@ -577,8 +576,11 @@ class Mvm(wiring.Component):
             conv.i_stream.valid.eq(acc.result_valid),
             conv.i_stream.payload.eq(acc.result),
             # Room is reserved for every row block before its last group is read, so the
-            # FIFO always has space here and the converter never stalls.
-            conv.o_stream.ready.eq(ofifo.w_rdy),
+            # FIFO always has space here: the converter runs free. Its ready taken from
+            # the FIFO's level would be the one enable of all its registers (thousands of
+            # flip-flops, two LUT levels behind the FIFO's level register), a net that
+            # spans the converter, as the vector quantizer's did (docs/mvm.md section 11).
+            conv.o_stream.ready.eq(1),
             ofifo.w_en.eq(conv.o_stream.valid),
             ofifo.w_data.eq(conv.o_stream.payload.bits),
             self.y_stream.valid.eq(ofifo.r_rdy),
@@ -680,15 +682,20 @@ class Mvm(wiring.Component):
             with m.If(self.clear):
                 m.d.sync += counter.eq(0)
             with m.Else():
-                m.d.sync += counter.eq(Mux(total > cmax, cmax, total))
+                # cmax is all ones: the sum is past it iff a bit above it is set.
+                m.d.sync += counter.eq(Mux(total[cb:].any(), cmax, total))
 
         narrow_total = Signal(range(tiles * n * (2 * n - 1) + n * tiles + 1),
                               name="narrow_total")
         m.d.sync += narrow_total.eq(sum(e.narrow for e in engines) + acc.narrow)
         saturating(self.narrow_events, narrow_total)
         conv_taken = conv.o_stream.valid & conv.o_stream.ready
+        # The popcount is registered before the add: in one cycle, the converter's flags
+        # (placed beside its lanes), their popcount and the counter's add were the routed
+        # critical path of a one-engine build (docs/mvm.md section 11). The count trails
+        # its row block by one edge, and `busy` stays up while a count is pending.
         out_sat = Signal(range(n + 1), name="output_saturation_count")
-        m.d.comb += out_sat.eq(Mux(conv_taken, popcount(conv.o_stream.payload.overflow), 0))
+        m.d.sync += out_sat.eq(Mux(conv_taken, popcount(conv.o_stream.payload.overflow), 0))
         saturating(self.output_saturations, out_sat)
 
         with m.If(Cat(*error_set).any()):
@@ -706,6 +713,6 @@ class Mvm(wiring.Component):
                         | cparams.r_rdy),
             io_busy.eq(wside.r_rdy | wr_valid | rb_busy),
             self.busy.eq(cmd_busy | io_busy | (reserved != 0) | history.any()
-                         | resp.valid),
+                         | (out_sat != 0) | resp.valid),
         ]
         return m

@@ -363,19 +363,21 @@ class TileEngine(wiring.Component):
 
     Dot-product engine ``i`` holds row ``i`` of every tile slot of this engine: its memory
     has ``config.mrf_depth`` words of ``config.weight_block_bits`` bits
-    (``block_layout(n, m_w)``). On a compute read (``rd_en``) all ``N`` memories read the
-    word at ``rd_addr`` and the vector bank reads the block at ``vrd_addr``; three cycles
-    later (:attr:`READ_LATENCY`) each engine gets its weight word and its *own*
+    (``block_layout(n, m_w)``). Every cycle all ``N`` memories read the word at
+    ``rd_addr`` and the vector bank reads the block at ``vrd_addr``; three cycles later
+    (:attr:`READ_LATENCY`) each engine gets its weight word and its *own*
     registered copy of the vector block (the fan-out to ``N x N`` multipliers is what
     limits Fmax otherwise; ``docs/mvm.md`` section 6). The vector block is registered
     beside its block RAM before it fans out to the ``N`` copies, and each word is
     registered twice to meet it; the word's first register is in the fabric (Yosys does
     not use the DP16KD's own). ``enable`` low turns the vector copy into zeros (a column
     tile past ``C`` or no compute read at all), so the product and its narrow events are
-    zero.
+    zero. The memories have no read enable: a read enable would be one net from the
+    sequencer to every block RAM of the MRF, across the die, and a read that no compute
+    uses is harmless (``enable`` masks it).
 
-    The memories have no read/write collision logic: the MVM never reads and writes an
-    MRF memory (or vector buffer address) in the same cycle.
+    The memories have no read/write collision logic: the MVM never uses a read of an MRF
+    memory (or of a vector-buffer half) taken in a cycle that writes it.
 
     Parameters
     ----------
@@ -393,8 +395,8 @@ class TileEngine(wiring.Component):
 
     Attributes
     ----------
-    rd_addr : ``In(slot_bits)``, rd_en : ``In(1)``
-        MRF read (compute or read-back): the slot all ``N`` memories read.
+    rd_addr : ``In(slot_bits)``
+        MRF read (compute or read-back): the slot all ``N`` memories read, every cycle.
     vrd_addr : ``In(vbuf_addr_bits)``
         Vector-buffer address read with a compute read.
     enable : ``In(1)``
@@ -430,7 +432,6 @@ class TileEngine(wiring.Component):
         self._narrow_sum_stages = ceil_log2(c.n)
         super().__init__({
             "rd_addr": In(self.slot_bits(c)),
-            "rd_en": In(1),
             "vrd_addr": In(self.vbuf_addr_bits(c)),
             "enable": In(1),
             "therm": In(c.dot_bits - 1),
@@ -498,7 +499,7 @@ class TileEngine(wiring.Component):
         vrp = vbuf.read_port(domain="sync", transparent_for=())
         m.d.comb += [
             vwp.addr.eq(self.vwr_addr), vwp.data.eq(self.vwr_data), vwp.en.eq(self.vwr_en),
-            vrp.addr.eq(self.vrd_addr), vrp.en.eq(self.rd_en),
+            vrp.addr.eq(self.vrd_addr),
         ]
         # Cycle 1: the vector block leaves the block RAM. Its data output has no
         # register (Yosys maps the memories with REGMODE NOREG), and it took 5.8 ns of
@@ -531,7 +532,7 @@ class TileEngine(wiring.Component):
             rp = mem.read_port(domain="sync", transparent_for=())
             m.d.comb += [
                 wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_rows[i]),
-                rp.addr.eq(self.rd_addr), rp.en.eq(self.rd_en),
+                rp.addr.eq(self.rd_addr),
             ]
             # Cycle 2: the word's output register (fabric flip-flops; the read-back takes
             # its words here). Cycle 3: the word once more, to meet the vector block, and
