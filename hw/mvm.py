@@ -21,6 +21,7 @@ from .fp16_convert import FixedToFp16
 from .mvm_accumulator import BfpAccumulator
 from .quantizer import LATENCY as QUANTIZER_LATENCY
 from .quantizer import VectorQuantizer
+from .dsp import DSP_WIDTH, has_ecp5_dsp, registered_product
 from .tile_engine import (
     NARROW_WIDTH_BITS, TileEngine, check_dsp_options, fit_thermometer, or_all, popcount,
 )
@@ -37,13 +38,19 @@ EXPONENT_CODE_MAX = E8M0_BIAS + MVM_EXP_MAX
 #: Largest narrow-accumulator width ``k`` (``docs/numerics.md`` section 5).
 NARROW_WIDTH_MAX = 64
 
-#: Stages of the command check (field checks and G; R*G; slot range).
-_VALIDATE_STAGES = 3
-#: Depth of the FIFOs that carry the addresses of weight rows and the buffer places of
-#: vector blocks beside the quantizers. A tag is written when its vector enters the
-#: quantizer and read when its block is written, so it also bounds the blocks in the
-#: vector quantizer plus the block FIFO after it, which therefore never overflows.
-_WSIDE_DEPTH = _VTAG_DEPTH = 8
+#: Stages of the command check (field checks and G; R*G; slot range; the decision).
+_VALIDATE_STAGES = 4
+#: Register stages in front of the vector quantizer (the vector's input register).
+_X_STAGES = 1
+#: Depth of the FIFO that carries the buffer places of vector blocks beside the vector
+#: quantizer. A tag is written when its vector is taken from x_stream and read when its
+#: block is written into the buffer, so it also bounds the blocks in the input register,
+#: the quantizer and the block FIFO after it, which therefore never overflows. Room for
+#: every block in flight at one per cycle (x_stream taken to buffer write is
+#: _X_STAGES + QUANTIZER_LATENCY + 2 edges), so that it never throttles a stream.
+_VTAG_DEPTH = 1 << ceil_log2(_X_STAGES + QUANTIZER_LATENCY + 2)
+#: Depth of the FIFO of MRF addresses beside the matrix quantizer: its rows in flight.
+_WSIDE_DEPTH = 1 << ceil_log2(QUANTIZER_LATENCY + 1)
 #: Commands accepted by the loader and not yet started by the sequencer.
 _PARAMS_DEPTH = 8
 
@@ -133,15 +140,17 @@ def latency(config: MvmConfig) -> int:
     """``LATENCY`` in ``cycles = C + R*G + LATENCY`` (``docs/mvm.md`` has the trace).
 
     Counting edges from the one that takes the command: the command check
-    (``_VALIDATE_STAGES``), then the loader takes it and the C vectors enter the vector
-    quantizer on the next C edges; each block enters the block FIFO
+    (``_VALIDATE_STAGES``), then the loader takes it and the C vectors are taken from
+    ``x_stream`` into the input register on the next C edges and enter the vector
+    quantizer ``_X_STAGES`` edges later; each block enters the block FIFO
     ``QUANTIZER_LATENCY`` edges after its vector entered and is written into the vector
     buffer on the next edge, and the edge that writes the last one marks the half full;
     one edge later the sequencer starts, and its R*G group reads follow on the next R*G
     edges; each row block then needs ``compute_latency`` edges to enter the output FIFO
     and 2 more (FIFO write, buffered read register) to leave on ``y_stream``.
     """
-    return _VALIDATE_STAGES + QUANTIZER_LATENCY + 2 + compute_latency(config) + 2
+    return (_VALIDATE_STAGES + _X_STAGES + QUANTIZER_LATENCY + 2 + compute_latency(config)
+            + 2)
 
 
 class Mvm(wiring.Component):
@@ -313,7 +322,10 @@ class Mvm(wiring.Component):
         io_busy = Signal()      # an MRF write or read-back is in flight
 
         # ================================================================================
-        # Command check: V1 (fields, G), V2 (R*G, last group), V3 (slot range)
+        # Command check: V1 (fields, G), V2 (R*G, last group), V3 (slot range), V4 (the
+        # loader takes it, or it is dropped). Every check result is registered before V4,
+        # whose one decision loads the loader's registers: the check's carry chains in
+        # front of that fan-out were a routed path of 12.5 ns (docs/mvm.md section 11).
         # ================================================================================
         cl = command_layout(c)
         c_bits = cl.members["col_tiles"].width
@@ -321,26 +333,32 @@ class Mvm(wiring.Component):
         v1 = Signal(name="cmd_v1")
         v2 = Signal(name="cmd_v2")
         v3 = Signal(name="cmd_v3")
+        v4 = Signal(name="cmd_v4")
         f1 = Signal(cl, name="cmd_f1")
         f2 = Signal(cl, name="cmd_f2")
         f3 = Signal(cl, name="cmd_f3")
+        f4 = Signal(cl, name="cmd_f4")
         gmax = c.col_groups_max
         r_max = (1 << cl.members["row_tiles"].width) - 1
         g2 = Signal(range(gmax + 1), name="cmd_groups_v2")
         g3 = Signal(range(gmax + 1), name="cmd_groups_v3")
+        g4 = Signal(range(gmax + 1), name="cmd_groups_v4")
         err2 = Signal(name="cmd_err_v2")
         err3 = Signal(name="cmd_err_v3")
+        err4 = Signal(name="cmd_err_v4")
         therm2 = Signal(c.dot_bits - 1, name="cmd_therm_v2")
         therm3 = Signal(c.dot_bits - 1, name="cmd_therm_v3")
-        rg3 = Signal(range(r_max * gmax + 1), name="cmd_slots_v3")
+        therm4 = Signal(c.dot_bits - 1, name="cmd_therm_v4")
+        rg_shape = range(r_max * gmax + 1)
+        rg4 = Signal(rg_shape, name="cmd_slots_v4")
         lastmask3 = Signal(tiles, name="cmd_lastmask_v3")
+        lastmask4 = Signal(tiles, name="cmd_lastmask_v4")
 
         loader_free = Signal()
-        v3_err = Signal()
-        v3_go = Signal()
+        v4_go = Signal()
         advance_v = Signal()
         m.d.comb += [
-            advance_v.eq(~v3 | v3_go),
+            advance_v.eq(~v4 | v4_go),
             # A command waits for MRF writes and reads already accepted; MRF writes and
             # reads wait while a command is offered (so the command is not starved).
             self.cmd.ready.eq(advance_v & ~io_busy),
@@ -351,35 +369,52 @@ class Mvm(wiring.Component):
                 f1.eq(self.cmd.payload),
                 v2.eq(v1), f2.eq(f1),
                 v3.eq(v2), f3.eq(f2),
+                v4.eq(v3), f4.eq(f3),
             ]
         # V1: field checks, G = ceil(C / T), the narrow-width thermometer.
         cc, rr, kk = f1.col_tiles, f1.row_tiles, f1.narrow_width
         bad_fields = ((cc == 0) | (cc > c.max_col_tiles) | (rr == 0)
                       | (kk == 0) | (kk > NARROW_WIDTH_MAX)
                       | (f1.static & (f1.static_exponent > EXPONENT_CODE_MAX)))
-        groups = ((cc + (tiles - 1)) * mul) >> shift
+        groups = (((cc + (tiles - 1)) * mul) >> shift)[:g2.shape().width]
         with m.If(advance_v):
             m.d.sync += [
                 err2.eq(bad_fields),
                 g2.eq(groups),
                 therm2.eq(fit_thermometer(kk, c.dot_bits - 1)),
             ]
-        # V2: R*G slots, and which engines the last group uses (C - (G-1)*T of them).
+        # V2: R*G slots (registered twice: V3 and V4), and which engines the last group
+        # uses (C - (G-1)*T of them). On an ECP5 the product is a MULT18X18D with its own
+        # registers (they stand for R and G in V2 and for R*G in V3); used without them
+        # it was a routed path of 11 ns.
         last_count = f2.col_tiles - (g2 - 1) * tiles
+        rg3 = Signal(rg_shape, name="cmd_slots_v3")
+        if has_ecp5_dsp(platform) and rr.shape().width <= DSP_WIDTH \
+                and groups.shape().width <= DSP_WIDTH:
+            product = registered_product(m, rr, groups, enable=advance_v, name="cmd_slots")
+            m.d.comb += rg3.eq(product)
+        else:
+            with m.If(advance_v):
+                m.d.sync += rg3.eq(f2.row_tiles * g2)
         with m.If(advance_v):
             m.d.sync += [
                 err3.eq(err2),
                 g3.eq(g2),
                 therm3.eq(therm2),
-                rg3.eq(f2.row_tiles * g2),
                 lastmask3.eq(Cat(*[last_count > t for t in range(tiles)])),
             ]
         # V3: the slots base .. base + R*G - 1 exist.
-        m.d.comb += [
-            v3_err.eq(err3 | (f3.base + rg3 > c.mrf_depth)),
-            v3_go.eq(v3 & (v3_err | loader_free)),
-        ]
-        error_set.append(v3_go & v3_err)
+        with m.If(advance_v):
+            m.d.sync += [
+                err4.eq(err3 | (f3.base + rg3 > c.mrf_depth)),
+                g4.eq(g3),
+                therm4.eq(therm3),
+                rg4.eq(rg3),
+                lastmask4.eq(lastmask3),
+            ]
+        # V4: the loader takes a good command; a bad one is dropped here.
+        m.d.comb += v4_go.eq(v4 & (err4 | loader_free))
+        error_set.append(v4_go & err4)
 
         # Parameters the compute sequencer needs, travelling loader -> writer -> half.
         params_layout = data.StructLayout({
@@ -390,14 +425,14 @@ class Mvm(wiring.Component):
             "k": unsigned(NARROW_WIDTH_BITS),
             "therm": unsigned(c.dot_bits - 1),
         })
-        v3_params = Signal(params_layout, name="cmd_params_v3")
+        v4_params = Signal(params_layout, name="cmd_params_v4")
         m.d.comb += [
-            v3_params.base.eq(f3.base),
-            v3_params.last_step.eq(rg3 - 1),
-            v3_params.last_group.eq(g3 - 1),
-            v3_params.lastmask.eq(lastmask3),
-            v3_params.k.eq(f3.narrow_width),
-            v3_params.therm.eq(therm3),
+            v4_params.base.eq(f4.base),
+            v4_params.last_step.eq(rg4 - 1),
+            v4_params.last_group.eq(g4 - 1),
+            v4_params.lastmask.eq(lastmask4),
+            v4_params.k.eq(f4.narrow_width),
+            v4_params.therm.eq(therm4),
         ]
 
         # ================================================================================
@@ -415,7 +450,6 @@ class Mvm(wiring.Component):
                                                          depth=_VTAG_DEPTH)
         m.submodules.command_params = cparams = fifo.SyncFIFO(width=params_layout.size,
                                                               depth=_PARAMS_DEPTH)
-        l_valid = Signal(name="loader_valid")
         l_count = Signal(range(c.max_col_tiles + 1), name="loader_count")
         l_total = Signal(range(c.max_col_tiles + 1), name="loader_total")
         # Half of the command being loaded: toggles with every command, from 0.
@@ -423,37 +457,55 @@ class Mvm(wiring.Component):
         l_bank = Signal(range(tiles), name="loader_bank")
         l_group = Signal(range(max(2, gmax)), name="loader_group")
         l_cmd = Signal(cl, name="loader_cmd")
-        l_more = Signal()
+        # The loader has vectors left to take (l_more), the next is its last (l_last):
+        # registers, so that x_stream.ready and the next command's V4 decision are a
+        # LUT away from flip-flops.
+        l_more = Signal(name="loader_more")
+        l_last = Signal(name="loader_last")
+        x_taken = Signal()
+        # Vectors are registered on their way into the vector quantizer (its first stage
+        # decodes all N lanes and ORs across them), with the command's quantizer setting.
+        x_in_valid = Signal(name="x_in_valid")
+        x_in = Signal.like(self.x_stream.payload, name="x_in")
+        x_in_cmd = Signal(cl, name="x_in_cmd")
         m.d.comb += [
-            loader_free.eq((~l_valid | (l_count == l_total)) & cparams.w_rdy),
-            l_more.eq(l_valid & (l_count != l_total)),
-            vq.i_stream.valid.eq(l_more & self.x_stream.valid & vtags.w_rdy),
-            vq.i_stream.payload.eq(self.x_stream.payload),
+            loader_free.eq(~l_more & cparams.w_rdy),
             # Only loader state and the tag FIFO's level: the quantizer never stalls
             # (see the writer), so its enable does not join this handshake.
             self.x_stream.ready.eq(l_more & vtags.w_rdy),
-            vq.rounding.eq(l_cmd.rounding),
-            vq.static.eq(l_cmd.static),
-            vq.static_exponent.eq(l_cmd.static_exponent),
+            x_taken.eq(self.x_stream.valid & self.x_stream.ready),
+            vq.i_stream.valid.eq(x_in_valid),
+            vq.i_stream.payload.eq(x_in),
+            vq.rounding.eq(x_in_cmd.rounding),
+            vq.static.eq(x_in_cmd.static),
+            vq.static_exponent.eq(x_in_cmd.static_exponent),
             # Block c of the command: bank c % T, group c // T of the command's half.
-            vtags.w_en.eq(self.x_stream.valid & self.x_stream.ready),
-            vtags.w_data.eq(Cat(l_half, l_bank, l_group, l_count == l_total - 1)),
-            cparams.w_en.eq(v3_go & ~v3_err),
-            cparams.w_data.eq(v3_params),
+            vtags.w_en.eq(x_taken),
+            vtags.w_data.eq(Cat(l_half, l_bank, l_group, l_last)),
+            cparams.w_en.eq(v4_go & ~err4),
+            cparams.w_data.eq(v4_params),
         ]
-        with m.If(self.x_stream.valid & self.x_stream.ready):
-            m.d.sync += l_count.eq(l_count + 1)
+        m.d.sync += x_in_valid.eq(x_taken)
+        with m.If(x_taken):
+            m.d.sync += [x_in.eq(self.x_stream.payload), x_in_cmd.eq(l_cmd)]
+        with m.If(x_taken):
+            m.d.sync += [
+                l_count.eq(l_count + 1),
+                l_last.eq(l_count + 2 == l_total),
+            ]
+            with m.If(l_last):
+                m.d.sync += l_more.eq(0)
             with m.If(l_bank == tiles - 1):
                 m.d.sync += [l_bank.eq(0), l_group.eq(l_group + 1)]
             with m.Else():
                 m.d.sync += l_bank.eq(l_bank + 1)
-        with m.If(v3_go & ~v3_err):
+        # A command is taken only while no vector is (loader_free needs ~l_more).
+        with m.If(v4_go & ~err4):
             m.d.sync += [
-                l_valid.eq(1), l_count.eq(0), l_total.eq(f3.col_tiles), l_cmd.eq(f3),
+                l_more.eq(1), l_last.eq(f4.col_tiles == 1),
+                l_count.eq(0), l_total.eq(f4.col_tiles), l_cmd.eq(f4),
                 l_bank.eq(0), l_group.eq(0), l_half.eq(~l_half),
             ]
-        with m.Elif(loader_free):
-            m.d.sync += l_valid.eq(0)
 
         # ================================================================================
         # Writer: quantized blocks into the vector buffer, into a half only once the
@@ -507,18 +559,26 @@ class Mvm(wiring.Component):
         final = Signal()
         start = Signal()
         last_group = Signal()
+        # The comparisons of the step and group counters are registers of their own
+        # (updated with the counters), so that `start`, which loads the sequencer from
+        # the params FIFO, is two LUT levels from flip-flops.
+        s_end = Signal(name="seq_at_last_step")           # s_left == 0
         next_full = Mux(s_next, full[1], full[0])
         m.d.comb += [
             fire.eq(s_valid & (reserved < depth)),
-            final.eq(fire & (s_left == 0)),
+            final.eq(fire & s_end),
             start.eq(next_full & (~s_valid | final)),
-            last_group.eq(s_group == s_params.last_group),
         ]
+        s_lastg = Signal(name="seq_at_last_group")        # s_group == last_group
+        m.d.comb += last_group.eq(s_lastg)
         with m.If(fire):
             m.d.sync += [
                 s_slot.eq(s_slot + 1),
                 s_group.eq(Mux(last_group, 0, s_group + 1)),
+                s_lastg.eq(Mux(last_group, s_params.last_group == 0,
+                               s_group + 1 == s_params.last_group)),
                 s_left.eq(s_left - 1),
+                s_end.eq(s_left == 1),
             ]
         with m.If(final):
             m.d.sync += s_valid.eq(0)
@@ -532,6 +592,7 @@ class Mvm(wiring.Component):
                 s_valid.eq(1), s_half.eq(s_next), s_next.eq(~s_next),
                 s_slot.eq(nxt.base), s_group.eq(0), s_left.eq(nxt.last_step),
                 s_params.eq(nxt),
+                s_end.eq(nxt.last_step == 0), s_lastg.eq(nxt.last_group == 0),
             ]
 
         # MRF read-back (only while no command is in the MVM).
@@ -587,8 +648,14 @@ class Mvm(wiring.Component):
             self.y_stream.payload.eq(ofifo.r_data),
             ofifo.r_en.eq(self.y_stream.ready),
         ]
-        y_taken = self.y_stream.valid & self.y_stream.ready
-        m.d.sync += reserved.eq(reserved + (fire & last_group) - y_taken)
+        # A taken vector frees its place one edge late: the credit count's adder then
+        # starts from registers only, not from y_stream.ready (an input from wherever
+        # the consumer is). The FIFO has room for this edge (output_fifo_depth).
+        y_taken = Signal(name="output_taken")
+        m.d.sync += [
+            y_taken.eq(self.y_stream.valid & self.y_stream.ready),
+            reserved.eq(reserved + (fire & last_group) - y_taken),
+        ]
 
         # ================================================================================
         # MRF writes: matrix quantizer (w_stream) and packed words (mrf_w)
@@ -698,7 +765,13 @@ class Mvm(wiring.Component):
         m.d.sync += out_sat.eq(Mux(conv_taken, popcount(conv.o_stream.payload.overflow), 0))
         saturating(self.output_saturations, out_sat)
 
-        with m.If(Cat(*error_set).any()):
+        # Each error condition is registered before the sticky flag takes it: they come
+        # from checks spread over the MVM (command, MRF write, read-back), and their
+        # OR, with error_clear, into one flip-flop was a routed path of over 10 ns.
+        # `error` rises one edge later; `busy` waits for it.
+        error_pending = Signal(len(error_set), name="error_pending")
+        m.d.sync += error_pending.eq(Cat(*error_set))
+        with m.If(error_pending.any()):
             m.d.sync += self.error.eq(1)
         with m.Elif(self.error_clear):
             m.d.sync += self.error.eq(0)
@@ -709,10 +782,10 @@ class Mvm(wiring.Component):
         history = Signal(count_tail, name="count_history")
         m.d.sync += history.eq(Cat(fire, history[:-1]))
         m.d.comb += [
-            cmd_busy.eq(v1 | v2 | v3 | l_valid | vtags.r_rdy | full[0] | full[1] | s_valid
+            cmd_busy.eq(v1 | v2 | v3 | v4 | l_more | vtags.r_rdy | full[0] | full[1] | s_valid
                         | cparams.r_rdy),
             io_busy.eq(wside.r_rdy | wr_valid | rb_busy),
             self.busy.eq(cmd_busy | io_busy | (reserved != 0) | history.any()
-                         | (out_sat != 0) | resp.valid),
+                         | (out_sat != 0) | error_pending.any() | resp.valid),
         ]
         return m

@@ -28,7 +28,8 @@ from .dsp import (
 
 __all__ = [
     "DotProductEngine", "TileEngine", "check_dsp_options", "shift_offset", "shift_range",
-    "shift_shape", "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "or_all",
+    "shift_shape", "fit_thermometer", "not_fits", "popcount", "pipelined_sum", "sum_stages",
+    "or_all",
     "NARROW_WIDTH_BITS", "TREE_LEVELS_PER_STAGE",
 ]
 
@@ -125,29 +126,38 @@ def popcount(bits):
     return level[0]
 
 
-def pipelined_sum(m, values, name):
-    """Sum ``values`` through a balanced adder tree registered after every level.
+def sum_stages(count, levels_per_stage=1):
+    """Register stages :func:`pipelined_sum` takes for ``count`` values."""
+    return -(-ceil_log2(count) // levels_per_stage) if count > 1 else 0
+
+
+def pipelined_sum(m, values, name, levels_per_stage=1):
+    """Sum ``values`` through a balanced adder tree with a register after every
+    ``levels_per_stage`` levels (and after the last).
 
     Returns ``(sum, stages)``: the registered sum and the number of register stages
-    (0 for a single value, which is returned as is). Unsigned or signed alike; each level
-    widens by one bit, so nothing overflows.
+    (:func:`sum_stages`; 0 for a single value, which is returned as is). Unsigned or
+    signed alike; each level widens by one bit, so nothing overflows. A popcount is the
+    sum of 1-bit values.
     """
     level = list(values)
-    stages = 0
+    stages = depth = 0
     while len(level) > 1:
-        nxt = []
-        for j in range(0, len(level) - 1, 2):
-            total = level[j] + level[j + 1]
-            r = Signal(total.shape(), name=f"{name}_l{stages}_{j // 2}")
-            m.d.sync += r.eq(total)
-            nxt.append(r)
+        nxt = [level[j] + level[j + 1] for j in range(0, len(level) - 1, 2)]
         if len(level) % 2:
-            total = level[-1]
-            r = Signal(Shape.cast(total.shape()), name=f"{name}_l{stages}_{len(nxt)}")
-            m.d.sync += r.eq(total)
-            nxt.append(r)
+            nxt.append(level[-1])
         level = nxt
-        stages += 1
+        depth += 1
+        if depth == levels_per_stage or len(level) == 1:
+            regs = []
+            for j, v in enumerate(level):
+                r = Signal(Shape.cast(v.shape()), name=f"{name}_l{stages}_{j}")
+                m.d.sync += r.eq(v)
+                regs.append(r)
+            level = regs
+            stages += 1
+            depth = 0
+    assert stages == sum_stages(len(values), levels_per_stage)
     return level[0], stages
 
 
@@ -164,9 +174,11 @@ class DotProductEngine(wiring.Component):
     * ``shift = code_v + code_w - shift_offset(config)``: the left shift that places
       ``dot`` on the BFP-long grid (negative: right shift with floor);
 
-    and, one cycle later (:attr:`narrow_latency`), ``narrow``: how many of the ``N``
-    products and ``N - 1`` tree nodes do not fit a ``k``-bit signed integer
-    (``docs/numerics.md`` section 5, rules 1 and 2). A block pair that does not take part
+    and, :attr:`narrow_latency` cycles after the blocks, ``narrow``: how many of the
+    ``N`` products and ``N - 1`` tree nodes do not fit a ``k``-bit signed integer
+    (``docs/numerics.md`` section 5, rules 1 and 2). Each value is tested from its
+    register or behind one adder (:meth:`flag_plan`), and the tests are counted by a
+    pipelined popcount. A block pair that does not take part
     in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
     ``k >= 1``: no valid bit is needed to keep the count exact.
 
@@ -271,10 +283,34 @@ class DotProductEngine(wiring.Component):
     def dot_latency(self):
         return self.dot_latency_of(self._config)
 
+    @classmethod
+    def flag_plan(cls, config):
+        """Fit tests per flag stage: ``plan[s]`` flags are registered ``PRODUCT_STAGES +
+        1 + s`` cycles after the input blocks (``s = 0 .. tree_stages``)."""
+        width, plan = config.n, []
+        levels = config.log2_n
+        for stage in range(cls.tree_stages(config)):
+            tested = width                      # the stage's inputs
+            in_stage = min(TREE_LEVELS_PER_STAGE, levels - stage * TREE_LEVELS_PER_STAGE)
+            for level in range(in_stage - 1):   # every level but the stage's last
+                tested += width >> (level + 1)
+            plan.append(tested)
+            width >>= in_stage
+        return plan + [1]
+
+    @classmethod
+    def narrow_latency_of(cls, config):
+        """Cycles from the input blocks to ``narrow``: the last flag stage's popcount
+        (:meth:`flag_plan`, two adder levels per register), then the sum of the stages'
+        counts (a register per level)."""
+        plan = cls.flag_plan(config)
+        ready = max(s + sum_stages(k, 2) for s, k in enumerate(plan))
+        return cls.PRODUCT_STAGES + 1 + ready + sum_stages(len(plan))
+
     @property
     def narrow_latency(self):
         """Cycles from the input blocks to ``narrow``."""
-        return self.dot_latency + 1
+        return self.narrow_latency_of(self._config)
 
     def elaborate(self, platform):
         m = Module()
@@ -313,18 +349,24 @@ class DotProductEngine(wiring.Component):
         shift, therm = shift2, therm2
 
         # --- tree stages: TREE_LEVELS_PER_STAGE levels each, then a register -----------
-        # Each node's fit test is taken from its (combinational) sum in the stage that
-        # forms it; the products' own tests come from their registers in the first stage.
-        # The flags of a stage are counted in the next one.
-        count = None
+        # Fit tests (narrow flags): flag stage s registers the tests of stage s's inputs
+        # (the products in stage 0, the previous stage's registered sums after) and of
+        # the sums of every level of stage s but its last, whose sums are registered
+        # and tested in stage s + 1 (the dot product itself in a last flag stage). So no
+        # test is behind more than one adder: two adder levels and a test in one cycle
+        # were a routed critical path (docs/mvm.md section 11).
+        flag_regs = []
         first = self.PRODUCT_STAGES + 1          # stage number of the first tree registers
         for stage in range(self._tree_stages):
-            flags = [not_fits(v, therm) for v in values] if stage == 0 else []
-            for _ in range(TREE_LEVELS_PER_STAGE):
+            flags = [not_fits(v, therm) for v in values]
+            for level in range(TREE_LEVELS_PER_STAGE):
                 if len(values) == 1:
                     break
                 values = [values[2 * j] + values[2 * j + 1] for j in range(len(values) // 2)]
-                flags += [not_fits(v, therm) for v in values]
+                if level < TREE_LEVELS_PER_STAGE - 1 and len(values) > 1:
+                    flags += [not_fits(v, therm) for v in values]
+                elif level < TREE_LEVELS_PER_STAGE - 1:
+                    break                         # the last sum: tested from its register
             regs = []
             for j, v in enumerate(values):
                 r = Signal(v.shape(), name=f"tree_s{stage + first}_{j}")
@@ -333,16 +375,29 @@ class DotProductEngine(wiring.Component):
             values = regs
             flag_reg = Signal(len(flags), name=f"narrow_flags_s{stage + first}")
             m.d.sync += flag_reg.eq(Cat(*flags))
-            # Running count: the previous stages' count plus this stage's flags, one
-            # cycle behind the flags.
-            total = popcount(flag_reg) if count is None else count + popcount(flag_reg)
-            new_count = Signal(range(2 * n), name=f"narrow_count_s{stage + first + 1}")
-            m.d.sync += new_count.eq(total)
-            count = new_count
+            flag_regs.append(flag_reg)
             next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}")
             next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}")
             m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
             shift, therm = next_shift, next_therm
+        flag_reg = Signal(1, name=f"narrow_flags_s{self._tree_stages + first}")
+        m.d.sync += flag_reg.eq(not_fits(values[0], therm))
+        flag_regs.append(flag_reg)
+
+        # Counts: each flag stage's popcount (two adder levels per register), delayed to
+        # meet the slowest, then their sum. The counts trail the data; nothing waits.
+        counts = []
+        plan = self.flag_plan(c)
+        ready = max(s_ + sum_stages(k, 2) for s_, k in enumerate(plan))
+        for s_, flag_reg in enumerate(flag_regs):
+            assert len(flag_reg) == plan[s_]
+            cnt, stages = pipelined_sum(m, list(flag_reg), f"narrow_pop_s{s_ + first}", 2)
+            for d in range(ready - s_ - stages):
+                r = Signal(cnt.shape(), name=f"narrow_pop_s{s_ + first}_d{d}")
+                m.d.sync += r.eq(cnt)
+                cnt = r
+            counts.append(cnt)
+        count, _ = pipelined_sum(m, counts, "narrow_count")
 
         m.d.comb += [
             self.dot.eq(values[0]),
@@ -477,7 +532,8 @@ class TileEngine(wiring.Component):
     @classmethod
     def narrow_latency_of(cls, config):
         """Cycles from a compute read to its ``narrow`` count."""
-        return cls.dot_latency_of(config) + 1 + ceil_log2(config.n)
+        return (cls.READ_LATENCY + DotProductEngine.narrow_latency_of(config)
+                + sum_stages(config.n))
 
     @property
     def dot_latency(self):
@@ -506,8 +562,9 @@ class TileEngine(wiring.Component):
         # clock-to-output plus two die-wide routes to reach the N copies below in one
         # cycle: the routed critical path (docs/mvm.md section 11). One register beside
         # the block RAM takes it first; the copies load from that register in cycle 2.
-        vblock = Signal(c.vector_block_bits, name="vector_block_c2")
-        m.d.sync += vblock.eq(vrp.data)
+        # The block is masked here, on its way into that register (enable low: zeros),
+        # so that the copies load a register and no LUT sits between it and the N
+        # copies spread over the engine.
 
         # The side signals catch up with the read (both blocks reach the engines in
         # cycle 3).
@@ -517,7 +574,9 @@ class TileEngine(wiring.Component):
                 m.d.sync += r.eq(value)
                 value = r
             return value
-        enable2 = delayed(self.enable, "enable", 2)
+        enable1 = delayed(self.enable, "enable", 1)
+        vblock = Signal(c.vector_block_bits, name="vector_block_c2")
+        m.d.sync += vblock.eq(Mux(enable1, vrp.data, 0))
         therm3 = delayed(self.therm, "therm", 3)
         rb_clear1 = delayed(self.rb_clear, "rb_clear", 1)
 
@@ -547,7 +606,7 @@ class TileEngine(wiring.Component):
             m.d.sync += word3.eq(word)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
                          attrs={"keep": 1})
-            vec_next = Mux(enable2, vblock, 0)
+            vec_next = vblock
             m.d.sync += vec.eq(vec_next)
             words.append(word)
 
@@ -574,7 +633,7 @@ class TileEngine(wiring.Component):
             # The DSPs' input registers stand for the word's second register and the
             # vector copy (they load what those load: the word's first register and the
             # masked vector block); their output register is the product register.
-            vector_next = block_layout(n, c.mantissa_bits_v)(Mux(enable2, vblock, 0))
+            vector_next = block_layout(n, c.mantissa_bits_v)(vblock)
             for j in range(self._dsp_lanes):
                 for i in range(0, n, 2):
                     lo, hi = registered_product_pair(

@@ -198,8 +198,9 @@ class CounterChecker:
     """Checks ``saturations``/``nonfinite`` every cycle against the model's running sums.
 
     ``expected_counts`` gives, per output block in order, the model's (saturated,
-    nonfinite) counts. A transfer adds its block's counts at the edge that takes it; a
-    ``clear`` high at an edge zeroes both and wins over a transfer at that edge.
+    nonfinite) counts. A transfer's counts are added at the edge after the one that
+    takes it; a ``clear`` high at an edge zeroes both and drops the counts of the
+    transfers at that edge and at the edge before (not yet added).
     """
 
     def __init__(self, tb, expected_counts):
@@ -213,6 +214,7 @@ class CounterChecker:
         tb = self.tb
         cmax = tb.cfg.counter_max
         sat = nonfinite = 0
+        pending = (0, 0)                      # counts of the transfer at the last edge
         edge = RisingEdge(tb.dut.clk)
         while True:
             await edge
@@ -223,10 +225,11 @@ class CounterChecker:
             transfer = tb.o_valid.value and tb.o_ready.value
             if tb.clear.value:
                 sat = nonfinite = 0
+                pending = (0, 0)
                 self.clears += 1
-            elif transfer:
-                s, f = self.counts[self.taken]
-                sat, nonfinite = min(sat + s, cmax), min(nonfinite + f, cmax)
+            else:
+                sat, nonfinite = min(sat + pending[0], cmax), min(nonfinite + pending[1], cmax)
+                pending = self.counts[self.taken] if transfer else (0, 0)
             if transfer:
                 self.taken += 1
 

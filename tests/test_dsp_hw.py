@@ -168,13 +168,16 @@ def test_pair_operands_of_one_shape():
 
 
 def test_mvm_instances():
-    """``T * N * dsp_lanes`` instances on an ECP5, none elsewhere or with 0 lanes."""
+    """On an ECP5, ``T * N * dsp_lanes / dsp_packing`` product instances and one for the
+    command check's ``R*G``; none elsewhere."""
     c = MVM_CONFIG
-    assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), ECP5_TARGET) == 2 * 8 * MVM_DSP_LANES
-    assert _instances(Mvm(c, dsp_lanes=8), ECP5_TARGET) == 2 * 8 * 8
+    check = 1                                   # R*G of the command check
+    assert (_instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), ECP5_TARGET)
+            == 2 * 8 * MVM_DSP_LANES + check)
+    assert _instances(Mvm(c, dsp_lanes=8), ECP5_TARGET) == 2 * 8 * 8 + check
     assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES, dsp_packing=2),
-                      ECP5_TARGET) == 2 * 8 * MVM_DSP_LANES // 2
-    assert _instances(Mvm(c), ECP5_TARGET) == 0
+                      ECP5_TARGET) == 2 * 8 * MVM_DSP_LANES // 2 + check
+    assert _instances(Mvm(c), ECP5_TARGET) == check
     assert _instances(Mvm(c, dsp_lanes=MVM_DSP_LANES), None) == 0
 
 
