@@ -486,7 +486,11 @@ class Mvm(wiring.Component):
             cparams.w_data.eq(v4_params),
         ]
         m.d.sync += x_in_valid.eq(x_taken)
-        with m.If(x_taken):
+        # The register takes the payload whenever the loader is ready, taken or not: its
+        # enable is then loader state alone, and x_stream.valid drives a handful of
+        # loader registers instead of every bit (as 292 loads its net's LUT was placed
+        # by the input, and the handshake crossed the die twice: a routed 11.2 ns).
+        with m.If(self.x_stream.ready):
             m.d.sync += [x_in.eq(self.x_stream.payload), x_in_cmd.eq(l_cmd)]
         with m.If(x_taken):
             m.d.sync += [
@@ -660,8 +664,13 @@ class Mvm(wiring.Component):
         # ================================================================================
         # MRF writes: matrix quantizer (w_stream) and packed words (mrf_w)
         # ================================================================================
+        # A command is in the MVM: cmd_busy one edge late (a register, so that the write
+        # and read-back handshakes do not start from its wide OR), or in the first check
+        # stage, which covers the edge that lag would miss.
+        cmd_busy_r = Signal(name="cmd_busy_r")
+        m.d.sync += cmd_busy_r.eq(cmd_busy)
         writes_open = Signal()
-        m.d.comb += writes_open.eq(~cmd_busy & ~self.cmd.valid & ~rb_busy)
+        m.d.comb += writes_open.eq(~cmd_busy_r & ~v1 & ~self.cmd.valid & ~rb_busy)
         w_in = self.w_stream.payload
         m.d.comb += [
             wq.i_stream.valid.eq(self.w_stream.valid & writes_open & wside.w_rdy),
