@@ -389,6 +389,7 @@ class Mvm(wiring.Component):
         # it was a routed path of 11 ns.
         last_count = f2.col_tiles - (g2 - 1) * tiles
         rg3 = Signal(rg_shape, name="cmd_slots_v3")
+        room3 = Signal(range(c.mrf_depth + 1), name="cmd_room_v3")
         if has_ecp5_dsp(platform) and rr.shape().width <= DSP_WIDTH \
                 and groups.shape().width <= DSP_WIDTH:
             product = registered_product(m, rr, groups, enable=advance_v, name="cmd_slots")
@@ -403,10 +404,13 @@ class Mvm(wiring.Component):
                 therm3.eq(therm2),
                 lastmask3.eq(Cat(*[last_count > t for t in range(tiles)])),
             ]
-        # V3: the slots base .. base + R*G - 1 exist.
+        # V3: the slots base .. base + R*G - 1 exist: R*G <= mrf_depth - base, whose right
+        # side V2 forms, so that V3 is one comparison after the product's register.
+        with m.If(advance_v):
+            m.d.sync += room3.eq(c.mrf_depth - f2.base)
         with m.If(advance_v):
             m.d.sync += [
-                err4.eq(err3 | (f3.base + rg3 > c.mrf_depth)),
+                err4.eq(err3 | (rg3 > room3)),
                 g4.eq(g3),
                 therm4.eq(therm3),
                 rg4.eq(rg3),
@@ -655,7 +659,7 @@ class Mvm(wiring.Component):
         # A taken vector frees its place one edge late: the credit count's adder then
         # starts from registers only, not from y_stream.ready (an input from wherever
         # the consumer is). The FIFO has room for this edge (output_fifo_depth).
-        y_taken = Signal(name="output_taken")
+        y_taken = Signal(name="output_taken", reset_less=True)
         m.d.sync += [
             y_taken.eq(self.y_stream.valid & self.y_stream.ready),
             reserved.eq(reserved + (fire & last_group) - y_taken),
@@ -770,7 +774,7 @@ class Mvm(wiring.Component):
         # (placed beside its lanes), their popcount and the counter's add were the routed
         # critical path of a one-engine build (docs/mvm.md section 11). The count trails
         # its row block by one edge, and `busy` stays up while a count is pending.
-        out_sat = Signal(range(n + 1), name="output_saturation_count")
+        out_sat = Signal(range(n + 1), name="output_saturation_count", reset_less=True)
         m.d.sync += out_sat.eq(Mux(conv_taken, popcount(conv.o_stream.payload.overflow), 0))
         saturating(self.output_saturations, out_sat)
 

@@ -386,8 +386,9 @@ class VectorQuantizer(wiring.Component):
         transfer = self.o_stream.valid & self.o_stream.ready
         cmax = (1 << self._counter_bits) - 1
         taken = transfer & ~self.clear
-        pending = [Signal(count_shape, name="saturation_pending"),
-                   Signal(count_shape, name="nonfinite_pending")]
+        # No reset: while the reset is held nothing is taken, so they load zeros.
+        pending = [Signal(count_shape, name="saturation_pending", reset_less=True),
+                   Signal(count_shape, name="nonfinite_pending", reset_less=True)]
         m.d.sync += [
             pending[0].eq(Mux(taken, sum(sat_groups7), 0)),
             pending[1].eq(Mux(taken, nonfinite7, 0)),

@@ -465,13 +465,14 @@ class TileEngine(wiring.Component):
     vwr_en : ``In(1)``
         Vector-buffer write.
     rb_clear : ``In(n)``, rb_word : ``Out(config.weight_block_bits)``
-        Read-back. Bit ``i`` of ``rb_clear``, given with a read, zeroes engine ``i``'s
-        word register for that read; ``rb_word`` is the OR of all ``N`` (first) word
-        registers, 2 cycles after the read. A read-back of row ``r`` clears every other
-        row (and a read-back in another tile engine clears all ``N``), so ``rb_word`` is
-        that row's word; the OR tree is about a third of the LUTs of an ``N``:1
-        multiplexer, and the clear is the flip-flops' own synchronous reset. Give no
-        clear with a compute read.
+        Read-back. Bit ``i`` of ``rb_clear``, given with a read, leaves engine ``i``'s
+        word out of ``rb_word``, the OR of all ``N`` (first) word registers, 2 cycles
+        after the read. A read-back of row ``r`` clears every other row (and a read-back
+        in another tile engine clears all ``N``), so ``rb_word`` is that row's word; the
+        OR tree (with the clear in its first level, two words per LUT4) is about a third
+        of the LUTs of an ``N``:1 multiplexer. The word registers themselves take the
+        memory's data as it is: a clear there put a LUT between each block RAM's output
+        (5.8 ns after the clock) and its register.
     dot : ``Out(ArrayLayout(signed(config.dot_bits), n))``,
     shift : ``Out(ArrayLayout(shift_shape(config), n))``
         Per output row, :attr:`dot_latency` cycles after the read.
@@ -578,7 +579,7 @@ class TileEngine(wiring.Component):
         vblock = Signal(c.vector_block_bits, name="vector_block_c2")
         m.d.sync += vblock.eq(Mux(enable1, vrp.data, 0))
         therm3 = delayed(self.therm, "therm", 3)
-        rb_clear1 = delayed(self.rb_clear, "rb_clear", 1)
+        rb_clear2 = delayed(self.rb_clear, "rb_clear", 2)
 
         dsp = has_ecp5_dsp(platform)
         words = []
@@ -601,7 +602,7 @@ class TileEngine(wiring.Component):
             # (yowasp) then fails an assertion in ABC9's reintegration (docs/mvm.md
             # section 11).
             word = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}")
-            m.d.sync += word.eq(Mux(rb_clear1[i], 0, rp.data))
+            m.d.sync += word.eq(rp.data)
             word3 = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}_c3")
             m.d.sync += word3.eq(word)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
@@ -643,7 +644,8 @@ class TileEngine(wiring.Component):
                     m.d.comb += [dpes[i].lane_products[j].eq(lo),
                                  dpes[i + 1].lane_products[j].eq(hi)]
 
-        m.d.comb += self.rb_word.eq(or_all(w.as_value() for w in words))
+        m.d.comb += self.rb_word.eq(or_all(
+            Mux(rb_clear2[i], 0, w.as_value()) for i, w in enumerate(words)))
 
         total, stages = pipelined_sum(m, narrows, "narrow_sum")
         assert stages == self._narrow_sum_stages
