@@ -403,11 +403,12 @@ class Mvm(wiring.Component):
                 g3.eq(g2),
                 therm3.eq(therm2),
                 lastmask3.eq(Cat(*[last_count > t for t in range(tiles)])),
+                # The room V3 compares R*G with (slots base .. base + R*G - 1 exist iff
+                # R*G <= mrf_depth - base), so that V3 is one comparison after the
+                # product's register.
+                room3.eq(c.mrf_depth - f2.base),
             ]
-        # V3: the slots base .. base + R*G - 1 exist: R*G <= mrf_depth - base, whose right
-        # side V2 forms, so that V3 is one comparison after the product's register.
-        with m.If(advance_v):
-            m.d.sync += room3.eq(c.mrf_depth - f2.base)
+        # V3: the slots exist.
         with m.If(advance_v):
             m.d.sync += [
                 err4.eq(err3 | (rg3 > room3)),
