@@ -43,9 +43,11 @@ _VALIDATE_STAGES = 4
 #: Register stages in front of the vector quantizer (the vector's input register).
 _X_STAGES = 1
 #: Depth of the FIFO that carries the buffer places of vector blocks beside the vector
-#: quantizer. A tag is written when its vector is taken from x_stream and read when its
-#: block is written into the buffer, so it also bounds the blocks in the input register,
-#: the quantizer and the block FIFO after it, which therefore never overflows. Room for
+#: quantizer. A tag is written when its vector is in the input register (one edge after
+#: it is taken from x_stream) and read when its block is written into the buffer; x_stream
+#: is ready only while the FIFO has room for the tag of the vector in the input register
+#: as well, so the tags also bound the blocks in the input register, the quantizer and
+#: the block FIFO after it, which therefore never overflows. Room for
 #: every block in flight at one per cycle (x_stream taken to buffer write is
 #: _X_STAGES + QUANTIZER_LATENCY + 2 edges), so that it never throttles a stream.
 _VTAG_DEPTH = 1 << ceil_log2(_X_STAGES + QUANTIZER_LATENCY + 2)
@@ -462,9 +464,13 @@ class Mvm(wiring.Component):
         l_bank = Signal(range(tiles), name="loader_bank")
         l_group = Signal(range(max(2, gmax)), name="loader_group")
         l_cmd = Signal(cl, name="loader_cmd")
-        # The loader has vectors left to take (l_more), the next is its last (l_last):
-        # registers, so that x_stream.ready and the next command's V4 decision are a
-        # LUT away from flip-flops.
+        # The loader's state describes the next vector to account for: vectors left
+        # (l_more), the next is the command's last (l_last), its bank, group and half.
+        # A vector taken from x_stream is accounted for one edge later, when it is in
+        # the input register (x_in_valid): x_stream.valid then drives one flip-flop, not
+        # the enables of the loader's registers and the tag FIFO (in the routed one-engine
+        # build that handshake was the slowest path, and its length depended on where
+        # the placer put the register that drives valid: docs/mvm.md section 11).
         l_more = Signal(name="loader_more")
         l_last = Signal(name="loader_last")
         x_taken = Signal()
@@ -473,31 +479,43 @@ class Mvm(wiring.Component):
         x_in_valid = Signal(name="x_in_valid")
         x_in = Signal.like(self.x_stream.payload, name="x_in")
         x_in_cmd = Signal(cl, name="x_in_cmd")
+        # The vector in the input register is its command's last: the loader is done with
+        # the command once that is accounted for on this edge.
+        l_ending = Signal()
+        # Room in the tag FIFO for one more vector beside the one in the input register,
+        # whose tag is written on this edge: the tags then still bound the blocks in
+        # flight, and the block FIFO, as deep, never overflows.
+        tag_room = Signal()
         m.d.comb += [
-            loader_free.eq(~l_more & cparams.w_rdy),
-            # Only loader state and the tag FIFO's level: the quantizer never stalls
-            # (see the writer), so its enable does not join this handshake.
-            self.x_stream.ready.eq(l_more & vtags.w_rdy),
+            l_ending.eq(x_in_valid & l_last),
+            tag_room.eq(vtags.level < _VTAG_DEPTH - 1),
+            # A LUT from flip-flops: loader state, the input register's valid and the
+            # tag FIFO's level. The quantizer never stalls (see the writer), so its
+            # enable does not join this handshake.
+            self.x_stream.ready.eq(l_more & ~l_ending & tag_room),
             x_taken.eq(self.x_stream.valid & self.x_stream.ready),
+            loader_free.eq((~l_more | l_ending) & cparams.w_rdy),
             vq.i_stream.valid.eq(x_in_valid),
             vq.i_stream.payload.eq(x_in),
             vq.rounding.eq(x_in_cmd.rounding),
             vq.static.eq(x_in_cmd.static),
             vq.static_exponent.eq(x_in_cmd.static_exponent),
             # Block c of the command: bank c % T, group c // T of the command's half.
-            vtags.w_en.eq(x_taken),
+            vtags.w_en.eq(x_in_valid),
             vtags.w_data.eq(Cat(l_half, l_bank, l_group, l_last)),
             cparams.w_en.eq(v4_go & ~err4),
             cparams.w_data.eq(v4_params),
         ]
-        m.d.sync += x_in_valid.eq(x_taken)
-        # The register takes the payload whenever the loader is ready, taken or not: its
-        # enable is then loader state alone, and x_stream.valid drives a handful of
-        # loader registers instead of every bit (as 292 loads its net's LUT was placed
-        # by the input, and the handshake crossed the die twice: a routed 11.2 ns).
-        with m.If(self.x_stream.ready):
-            m.d.sync += [x_in.eq(self.x_stream.payload), x_in_cmd.eq(l_cmd)]
-        with m.If(x_taken):
+        # The input register takes the payload and the loader's command on every edge,
+        # taken or not, so that no enable fans out to its bits; x_in_valid marks a vector
+        # that was taken. l_cmd is the taken vector's command: a command is loaded only
+        # once the vectors of the one before are all taken, and its own come later.
+        m.d.sync += [
+            x_in_valid.eq(x_taken),
+            x_in.eq(self.x_stream.payload),
+            x_in_cmd.eq(l_cmd),
+        ]
+        with m.If(x_in_valid):
             m.d.sync += [
                 l_count.eq(l_count + 1),
                 l_last.eq(l_count + 2 == l_total),
@@ -508,7 +526,8 @@ class Mvm(wiring.Component):
                 m.d.sync += [l_bank.eq(0), l_group.eq(l_group + 1)]
             with m.Else():
                 m.d.sync += l_bank.eq(l_bank + 1)
-        # A command is taken only while no vector is (loader_free needs ~l_more).
+        # A command is taken once the last vector of the one before is accounted for, on
+        # that edge at the earliest (loader_free); its loading wins over that accounting.
         with m.If(v4_go & ~err4):
             m.d.sync += [
                 l_more.eq(1), l_last.eq(f4.col_tiles == 1),
