@@ -41,6 +41,8 @@ class StreamSource:
 
     ``valid`` is held with a stable payload until the DUT takes the item; idle cycles
     only come between items (each cycle between items is idle with ``idle_prob``).
+    Whenever ``valid`` is low the payload is random bits (from the same seeded
+    generator), so a DUT that uses a payload nobody offered fails its comparison.
 
     ``sideband``: handles of plain DUT inputs that travel with the items (settings
     sampled with the payload, outside the stream's payload). With a side band, every
@@ -89,7 +91,14 @@ class StreamSource:
         sideband = self.sideband
         side_now = [None] * len(sideband)
         offering = False
-        self.valid.value = 0
+        width = len(self.payload)
+        junk = self.rand.getrandbits
+
+        def withdraw():
+            self.valid.value = 0
+            self.payload.value = junk(width)
+
+        withdraw()
         while True:
             await edge
             self.cycle += 1
@@ -99,10 +108,10 @@ class StreamSource:
                 offering = False
             if not offering:
                 if not queue:
-                    self.valid.value = 0
+                    withdraw()
                     return
                 if idle_prob and rand() < idle_prob:
-                    self.valid.value = 0
+                    withdraw()
                     continue
                 item = queue.popleft()
                 if sideband:
