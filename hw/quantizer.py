@@ -31,8 +31,8 @@ _EXP_ALL_ONES = (1 << FP16_EXP_BITS) - 1       # exponent field of inf and NaN: 
 _IND_BITS = FP16_FRAC_BITS + _EXP_ALL_ONES - 1  # 40
 #: Pipeline stages; each one is a register of the stage's results.
 LATENCY = 8
-#: Lanes whose magnitude indicators are ORed together in stage 1 (and whose saturation
-#: flags are counted together in stage 7).
+#: Lanes whose magnitude indicators are ORed together in stage 2 (and whose saturation
+#: flags are counted together in stage 8).
 _LANE_GROUP = 4
 #: Places of the indicator searched for the top set bit together in stage 2.
 _SEGMENT = 8
@@ -221,6 +221,11 @@ class VectorQuantizer(wiring.Component):
         def regs(shape, name, values):
             return [reg(shape, f"{name}{i}", v) for i, v in enumerate(values)]
 
+        def lane_fields(stage, sign, sig, ef):
+            # Each lane's sign, significand and exponent field, carried through a stage.
+            return (regs(1, f"s{stage}_sign", sign), regs(_SIG_BITS, f"s{stage}_sig", sig),
+                    regs(FP16_EXP_BITS, f"s{stage}_ef", ef))
+
         # --- stage 1: decode each lane ----------------------------------------------------
         v1 = reg(1, "s1_valid", self.i_stream.valid, reset_less=False)
         rnd1 = reg(Rounding, "s1_rounding", self.rounding)
@@ -249,9 +254,7 @@ class VectorQuantizer(wiring.Component):
                 Mux(sub, frac, 0),
                 onehot[1:_EXP_ALL_ONES - 1],                 # fields 1..29
                 onehot[_EXP_ALL_ONES - 1] | inf)))           # field 30, and inf
-        sign1 = regs(1, "s1_sign", sign_d)
-        sig1 = regs(_SIG_BITS, "s1_sig", sig_d)
-        ef1 = regs(FP16_EXP_BITS, "s1_ef", ef_d)
+        sign1, sig1, ef1 = lane_fields(1, sign_d, sig_d, ef_d)
         nonfinite1 = regs(1, "s1_nonfinite", nonfinite_d)
         # Each lane's indicator is registered beside its decode, before any OR across
         # lanes: with the decode and a 4-lane OR in one stage this was a routed 10 ns
@@ -268,9 +271,7 @@ class VectorQuantizer(wiring.Component):
         group_ind2 = regs(_IND_BITS, "s2_indicator", [
             functools.reduce(operator.or_, grp) for grp in groups])
         nonfinite2 = reg(count_shape, "s2_nonfinite_count", _popcount(nonfinite1))
-        sign2 = regs(1, "s2_sign", sign1)
-        sig2 = regs(_SIG_BITS, "s2_sig", sig1)
-        ef2 = regs(FP16_EXP_BITS, "s2_ef", ef1)
+        sign2, sig2, ef2 = lane_fields(2, sign1, sig1, ef1)
 
         # --- stage 3: the indicator, each segment's top bit -------------------------------
         # The indicator's top set bit j gives e = j - 24 and code = j + 103 (none: code
@@ -297,9 +298,7 @@ class VectorQuantizer(wiring.Component):
         static_code3 = reg(8, "s3_static_code", code2)
         static_base3 = reg(signed(9), "s3_static_base", code2 - base_off)
         nonfinite3 = reg(count_shape, "s3_nonfinite_count", nonfinite2)
-        sign3 = regs(1, "s3_sign", sign2)
-        sig3 = regs(_SIG_BITS, "s3_sig", sig2)
-        ef3 = regs(FP16_EXP_BITS, "s3_ef", ef2)
+        sign3, sig3, ef3 = lane_fields(3, sign2, sig2, ef2)
 
         # --- stage 4: block exponent code and shift base ---------------------------------
         v4 = reg(1, "s4_valid", v3, reset_less=False)
@@ -312,9 +311,7 @@ class VectorQuantizer(wiring.Component):
         # The shift base per block here, so that stage 5 has one subtraction per lane.
         base4 = reg(signed(9), "s4_shift_base", Mux(static3, static_base3, dyn_base))
         nonfinite4 = reg(count_shape, "s4_nonfinite_count", nonfinite3)
-        sign4 = regs(1, "s4_sign", sign3)
-        sig4 = regs(_SIG_BITS, "s4_sig", sig3)
-        ef4 = regs(FP16_EXP_BITS, "s4_ef", ef3)
+        sign4, sig4, ef4 = lane_fields(4, sign3, sig3, ef3)
 
         # --- stage 5: per-lane right shift ---------------------------------------------
         v5 = reg(1, "s5_valid", v4, reset_less=False)
