@@ -15,27 +15,29 @@ __all__ = ["BfpAccumulator"]
 
 #: The fine part of the term shift (stage 1) covers this many low bits of the amount.
 _FINE_SHIFT_BITS = 3
-#: Bits ORed together in the first stage of the cross-tile check.
-_CHECK_GROUP = 12
+#: Places per group of the cross-tile check: ``p = GROUP * h + l``, ``l < GROUP``.
+_CHECK_GROUP_BITS = 3
+_CHECK_GROUP = 1 << _CHECK_GROUP_BITS
 
 
-def _thermometer(value, width):
-    """``width`` bits, bit ``b`` set iff ``value <= b`` (``value`` unsigned, small).
+def _check_decode(p, width):
+    """The place ``p`` (0..``width - 1``) as the check's three registered decodes.
 
-    Built from equality decodes of the value's top bits and its low 3 bits, so it maps
-    to a couple of LUT levels rather than ``width`` comparator carry chains.
+    Returns ``(above, at, low)``: ``above[g]`` is ``p < GROUP * g`` (every place of group
+    ``g`` is at or above ``p``), ``at[g]`` is ``p // GROUP == g`` (the group ``p`` falls
+    in), ``low[j]`` for ``j < GROUP - 1`` is ``p % GROUP <= j`` (place ``j`` of that
+    group is at or above ``p``). 2 x groups + 7 bits instead of a ``width``-bit mask: the
+    mask of a place is then a function of three of them, which the check's first LUT
+    level takes beside the place's own bit.
     """
-    hi, lo = value[3:], value[:3]
-    hi_count = (width >> 3) + 2
-    eq_hi = [hi == h for h in range(hi_count)]
-    lt_hi = [Const(0, 1)]                              # lt_hi[h]: hi < h
-    for h in range(1, hi_count):
-        lt_hi.append(lt_hi[-1] | eq_hi[h - 1])
-    eq_lo = [lo == j for j in range(8)]
-    le_lo = []                                         # le_lo[j]: lo <= j
-    for j in range(8):
-        le_lo.append(eq_lo[j] if j == 0 else le_lo[-1] | eq_lo[j])
-    return Cat(*[lt_hi[b >> 3] | (eq_hi[b >> 3] & le_lo[b & 7]) for b in range(width)])
+    hi, lo = p[_CHECK_GROUP_BITS:], p[:_CHECK_GROUP_BITS]
+    groups = -(-width // _CHECK_GROUP)
+    at = [hi == g for g in range(groups)]
+    above = [Const(0, 1)]
+    for g in range(1, groups):
+        above.append(above[-1] | at[g - 1])
+    low = [lo <= j for j in range(_CHECK_GROUP - 1)]
+    return Cat(*above), Cat(*at), Cat(*low)
 
 
 class BfpAccumulator(wiring.Component):
@@ -60,11 +62,12 @@ class BfpAccumulator(wiring.Component):
     4. **Check.** ``S_t`` is the running accumulator after tile ``c`` in logical order.
        For ``1 <= c < C`` with ``dot != 0`` it must satisfy ``-2**p <= S_t < 2**p`` with
        ``p = k - 1 + shift`` (``docs/numerics.md`` rule 3 rewritten without the floor;
-       ``p < 0`` means ``S_t == 0``): an AND-OR of ``S_t ^ sign`` against a mask of the
-       places ``>= p``. ``p`` is clamped one stage early and the mask (a thermometer
-       decode) registered beside the loop adder; the AND-OR takes two more stages (groups
-       of 12 bits, then their OR), then a pipelined popcount counts the events. This path
-       only delays the count, never the result.
+       ``p < 0`` means ``S_t == 0``): no bit of ``S_t ^ sign`` at a place ``>= p``. ``p``
+       is clamped one stage early and decoded beside the loop adder into groups of 8
+       places (which groups lie wholly above ``p``, which one holds it, and which places
+       of that one count: 31 bits at ``acc_bits`` = 95, not a 94-bit mask); the test
+       takes two more stages (per group, then the OR of the groups), then a pipelined
+       popcount counts the events. This path only delays the count, never the result.
 
     On a row block's last group (``last``) the ``N`` values ``S_{T-1}`` are presented on
     ``result`` with ``result_valid`` high for exactly one cycle; the consumer must take
@@ -245,24 +248,33 @@ class BfpAccumulator(wiring.Component):
                 is_c0 = first[i] if t == 0 else Const(0, 1)
                 check[t, i] = pipe(valid[i] & engines[t] & nz[t, i] & ~is_c0,
                                    f"check_{t}_{i}")
-                # Places >= p of the accumulator's magnitude bits, beside the loop adder.
-                mask_loop[t, i] = pipe(_thermometer(p[t, i], c.acc_bits - 1),
-                                       f"cross_mask_{t}_{i}")
+                # Which places are >= p, decoded beside the loop adder.
+                mask_loop[t, i] = [
+                    pipe(v, f"cross_{name}_{t}_{i}")
+                    for name, v in zip(("above", "at", "low"),
+                                       _check_decode(p[t, i], c.acc_bits - 1))]
                 pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}")
         m.d.sync += self.result_valid.eq(valid[0] & last)
         m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
 
         # --- check: -2**p <= S < 2**p, in two register stages --------------------------
-        # Stage 1: ORs of groups of (S ^ sign) & mask; p < 0 lets only 0 fit, and S = -1
-        # (x = 0) is caught by the sign term. Stage 2: the OR of the groups.
+        # Stage 1, per group of places: any bit of S ^ sign in the group if the group is
+        # wholly at or above p, in its places >= p if p falls in it; p < 0 lets only 0
+        # fit, and S = -1 (no bit set) is caught by the sign term. Stage 2: their OR.
         w = c.acc_bits
         flags = []
         for t in range(tiles):
             for i in range(n):
                 s_ = acc[t, i]
                 sign = s_[w - 1]
-                x = (s_[:w - 1] ^ sign.replicate(w - 1)) & mask_loop[t, i]
-                groups = [x[j:j + _CHECK_GROUP].any() for j in range(0, w - 1, _CHECK_GROUP)]
+                x = s_[:w - 1] ^ sign.replicate(w - 1)
+                above, at, low = mask_loop[t, i]
+                low = Cat(low, Const(1, 1))
+                groups = []
+                for g in range(len(at)):
+                    bits = x[g * _CHECK_GROUP:(g + 1) * _CHECK_GROUP]
+                    part_low = (bits & low[:len(bits)]).any()
+                    groups.append((above[g] & bits.any()) | (at[g] & part_low))
                 part = pipe(Cat(*groups, pneg_loop[t, i] & sign), f"cross_part_{t}_{i}")
                 chk = pipe(check[t, i], f"check_c1_{t}_{i}")
                 flags.append(pipe(chk & part.any(), f"cross_flag_{t}_{i}"))

@@ -98,3 +98,125 @@ def test_sums(n, tiles):
     assert len(got) == len(expected)
     for b, (g, e) in enumerate(zip(got, expected)):
         assert g == e, f"row block {b}"
+
+
+def _narrow_events(block, tiles, n, k):
+    """Cross-tile events (``docs/numerics.md`` section 5, rule 3) of each group of a row
+    block: for column tiles ``c >= 1`` with a non-zero product, the running sum ``S``
+    after adding tile ``c`` must satisfy ``-2**p <= S < 2**p``, ``p = k - 1 + shift``
+    (``p < 0``: ``S == 0``). Returns the events per group and the number of sums
+    checked."""
+    sums = [0] * n
+    events, checks = [], 0
+    for g, (dots, shifts, engines) in enumerate(block):
+        count = 0
+        for t in range(tiles):
+            if not engines[t]:
+                continue
+            for i in range(n):
+                d, s = dots[t][i], shifts[t][i]
+                sums[i] += _term(d, s)
+                if g * tiles + t == 0 or d == 0:
+                    continue
+                p = k - 1 + s
+                checks += 1
+                fits = -(1 << p) <= sums[i] < (1 << p) if p >= 0 else sums[i] == 0
+                count += not fits
+        events.append(count)
+    return events, checks
+
+
+def _boundary_block(rng, config, k):
+    """A row block whose running sums land on and beside the fit limits ``+-2**p``.
+
+    Row ``i``: tile 0 puts ``+-2**p`` (``p = k - 1 + s`` for the later tiles' shift
+    ``s``) in the accumulator, exactly where it can (``2**(dot_bits - 2)`` at shift
+    ``p - dot_bits + 2``); each later tile adds ``+-1`` or ``+-2`` units of ``2**s``, so
+    the sums visit ``+-2**p`` and its neighbours on the tile's own grid. ``p`` is drawn
+    over the whole accumulator (every group of the check and its edges), and below 0.
+    """
+    c = config
+    s_lo = -(c.dot_bits + 2)
+    cols = rng.randint(2, c.max_col_tiles)
+    per_row = []
+    for _ in range(c.n):
+        p = rng.choice([rng.randint(-3, c.acc_bits), rng.randrange(0, c.acc_bits, 8),
+                        rng.randrange(7, c.acc_bits, 8)])
+        s = min(max(p - (k - 1), s_lo), c.max_shift)
+        p = k - 1 + s
+        head = 1 << (c.dot_bits - 2)
+        s0 = min(max(p - (c.dot_bits - 2), s_lo), c.max_shift)
+        col = [(rng.choice((head, -head)), s0)]
+        col += [(rng.choice((1, -1, 2, -2, 0)), s) for _ in range(cols - 1)]
+        per_row.append(col)
+    block = []
+    for g in range(-(-cols // c.tiles)):
+        engines = [g * c.tiles + t < cols for t in range(c.tiles)]
+        dots = [[per_row[i][g * c.tiles + t][0] if engines[t] else 0 for i in range(c.n)]
+                for t in range(c.tiles)]
+        shifts = [[per_row[i][g * c.tiles + t][1] if engines[t] else 0 for i in range(c.n)]
+                  for t in range(c.tiles)]
+        block.append((dots, shifts, engines))
+    return block
+
+
+@pytest.mark.parametrize("n,tiles", [(4, 1), (4, 2), (4, 3), (16, 2)])
+def test_narrow_count(n, tiles):
+    """The cross-tile count of every group against :func:`_narrow_events`: sums on and
+    beside the limits at every place of the accumulator, random sums, ``k`` from 1 to 64
+    (one per row block), idle cycles between groups."""
+    config = MvmConfig(n=n, tiles=tiles, max_col_tiles=7)
+    dut = BfpAccumulator(config)
+    rng = random.Random(1000 + n * 10 + tiles)
+    blocks, ks = [], []
+    for b in range(60 if n == 4 else 16):
+        k = rng.choice([1, 2, 64, rng.randint(1, 64)])
+        ks.append(k)
+        if b % 3 == 2:
+            blocks.append(_groups(rng, config, 1)[0])
+        else:
+            blocks.append(_boundary_block(rng, config, k))
+    expected, checks = [], 0
+    for block, k in zip(blocks, ks):
+        events, checked = _narrow_events(block, tiles, n, k)
+        expected += events
+        checks += checked
+    assert 0 < sum(expected) < checks                     # both outcomes are exercised
+    sent, got = [], []
+
+    async def drive(ctx):
+        cycle = 0
+        for block, k in zip(blocks, ks):
+            for g, (dots, shifts, engines) in enumerate(block):
+                while rng.random() < 0.3:
+                    ctx.set(dut.valid, 0)
+                    await ctx.tick()
+                    cycle += 1
+                ctx.set(dut.valid, 1)
+                ctx.set(dut.k, k)
+                ctx.set(dut.first, g == 0)
+                ctx.set(dut.last, g == len(block) - 1)
+                ctx.set(dut.engines, sum(e << t for t, e in enumerate(engines)))
+                ctx.set(dut.dot, dots)
+                ctx.set(dut.shift, shifts)
+                sent.append(cycle)
+                await ctx.tick()
+                cycle += 1
+            ctx.set(dut.valid, 0)
+
+    async def collect(ctx):
+        async for _, _, narrow in ctx.tick().sample(dut.narrow):
+            got.append(narrow)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(drive)
+    sim.add_process(collect)
+    cycles = sum(3 * len(b) for b in blocks) + dut.narrow_latency + 50
+    sim.run_until(1e-8 * cycles)
+    lat = dut.narrow_latency
+    assert len(sent) == len(expected)
+    for j, (cycle, e) in enumerate(zip(sent, expected)):
+        assert got[cycle + lat] == e, f"group {j} (sent at cycle {cycle})"
+    idle = set(range(len(got))) - {cycle + lat for cycle in sent}
+    assert all(got[j] == 0 for j in idle if j < len(got))
