@@ -51,8 +51,9 @@ _X_STAGES = 1
 #: every block in flight at one per cycle (x_stream taken to buffer write is
 #: _X_STAGES + QUANTIZER_LATENCY + 2 edges), so that it never throttles a stream.
 _VTAG_DEPTH = 1 << ceil_log2(_X_STAGES + QUANTIZER_LATENCY + 2)
-#: Depth of the FIFO of MRF addresses beside the matrix quantizer: its rows in flight.
-_WSIDE_DEPTH = 1 << ceil_log2(QUANTIZER_LATENCY + 1)
+#: Depth of the FIFO of MRF addresses beside the matrix quantizer: its rows in flight
+#: (one more for the input register a shared quantizer's rows pass, see Mvm).
+_WSIDE_DEPTH = 1 << ceil_log2(QUANTIZER_LATENCY + 2)
 #: Commands accepted by the loader and not yet started by the sequencer.
 _PARAMS_DEPTH = 8
 
@@ -209,6 +210,10 @@ class Mvm(wiring.Component):
     config : MvmConfig
     latency : int
         ``LATENCY`` of the cycle formula in ``docs/mvm.md``.
+    shared_quantizer : bool
+        ``m_v == m_w``: one quantizer takes both the vectors and the weight rows of
+        ``w_stream`` (which then pass the vectors' input register, one edge more on
+        their way into the MRF). Nothing else changes: the two never meet in it.
 
     Raises
     ------
@@ -261,6 +266,11 @@ class Mvm(wiring.Component):
         """Products per DSP block (1 or 2)."""
         return self._dsp_packing
 
+    @property
+    def shared_quantizer(self):
+        """One quantizer for vectors and weight rows (``m_v == m_w``)."""
+        return self._config.mantissa_bits_v == self._config.mantissa_bits_w
+
     # --- pipeline geometry (docs/mvm.md) ------------------------------------------------
 
     @property
@@ -288,10 +298,25 @@ class Mvm(wiring.Component):
         # ================================================================================
         # Sub-units
         # ================================================================================
-        m.submodules.vector_quantizer = vq = VectorQuantizer(
-            n=n, mantissa_bits=c.mantissa_bits_v, counter_bits=cb)
-        m.submodules.matrix_quantizer = wq = VectorQuantizer(
-            n=n, mantissa_bits=c.mantissa_bits_w, counter_bits=cb)
+        # One quantizer for the vectors and the weight rows when their mantissa widths
+        # agree (source 0: vectors, 1: weight rows). The two never meet in it: MRF
+        # writes are open only while no command is in the MVM (writes_open), and a
+        # command starts only once no row is in flight (io_busy). docs/mvm.md section 6.
+        shared = self.shared_quantizer
+        if shared:
+            m.submodules.quantizer = vq = wq = VectorQuantizer(
+                n=n, mantissa_bits=c.mantissa_bits_v, counter_bits=cb, sources=2)
+            counters = (vq.saturations[0], vq.nonfinite[0],
+                        vq.saturations[1], vq.nonfinite[1])
+            v_out = vq.o_stream.valid & ~vq.o_source
+            w_out = vq.o_stream.valid & vq.o_source
+        else:
+            m.submodules.vector_quantizer = vq = VectorQuantizer(
+                n=n, mantissa_bits=c.mantissa_bits_v, counter_bits=cb)
+            m.submodules.matrix_quantizer = wq = VectorQuantizer(
+                n=n, mantissa_bits=c.mantissa_bits_w, counter_bits=cb)
+            counters = (vq.saturations, vq.nonfinite, wq.saturations, wq.nonfinite)
+            v_out, w_out = vq.o_stream.valid, wq.o_stream.valid
         engines = []
         for t in range(tiles):
             e = TileEngine(c, dsp_lanes=self._dsp_lanes, dsp_packing=self._dsp_packing)
@@ -309,10 +334,10 @@ class Mvm(wiring.Component):
 
         m.d.comb += [vq.clear.eq(self.clear), wq.clear.eq(self.clear)]
         m.d.comb += [
-            self.vector_saturations.eq(vq.saturations),
-            self.vector_nonfinite.eq(vq.nonfinite),
-            self.weight_saturations.eq(wq.saturations),
-            self.weight_nonfinite.eq(wq.nonfinite),
+            self.vector_saturations.eq(counters[0]),
+            self.vector_nonfinite.eq(counters[1]),
+            self.weight_saturations.eq(counters[2]),
+            self.weight_nonfinite.eq(counters[3]),
         ]
 
         error_set = []                       # conditions that set the sticky error
@@ -495,7 +520,6 @@ class Mvm(wiring.Component):
             self.x_stream.ready.eq(l_more & ~l_ending & tag_room),
             x_taken.eq(self.x_stream.valid & self.x_stream.ready),
             loader_free.eq((~l_more | l_ending) & cparams.w_rdy),
-            vq.i_stream.valid.eq(x_in_valid),
             vq.i_stream.payload.eq(x_in),
             vq.rounding.eq(x_in_cmd.rounding),
             vq.static.eq(x_in_cmd.static),
@@ -510,11 +534,10 @@ class Mvm(wiring.Component):
         # taken or not, so that no enable fans out to its bits; x_in_valid marks a vector
         # that was taken. l_cmd is the taken vector's command: a command is loaded only
         # once the vectors of the one before are all taken, and its own come later.
-        m.d.sync += [
-            x_in_valid.eq(x_taken),
-            x_in.eq(self.x_stream.payload),
-            x_in_cmd.eq(l_cmd),
-        ]
+        m.d.sync += x_in_valid.eq(x_taken)
+        if not shared:
+            m.d.comb += vq.i_stream.valid.eq(x_in_valid)
+            m.d.sync += [x_in.eq(self.x_stream.payload), x_in_cmd.eq(l_cmd)]
         with m.If(x_in_valid):
             m.d.sync += [
                 l_count.eq(l_count + 1),
@@ -548,7 +571,7 @@ class Mvm(wiring.Component):
             width=vq.o_stream.payload.shape().size, depth=_VTAG_DEPTH)
         m.d.comb += [
             vq.o_stream.ready.eq(1),
-            vblocks.w_en.eq(vq.o_stream.valid),
+            vblocks.w_en.eq(v_out),
             vblocks.w_data.eq(vq.o_stream.payload),
         ]
         full = [Signal(name=f"half{h}_full") for h in range(2)]
@@ -697,21 +720,46 @@ class Mvm(wiring.Component):
         m.d.comb += writes_open.eq(~cmd_busy_r & ~v1 & ~self.cmd.valid & ~rb_busy)
         w_in = self.w_stream.payload
         m.d.comb += [
-            wq.i_stream.valid.eq(self.w_stream.valid & writes_open & wside.w_rdy),
-            wq.i_stream.payload.eq(w_in.values),
-            wq.rounding.eq(w_in.rounding),
-            wq.static.eq(w_in.static),
-            wq.static_exponent.eq(w_in.static_exponent),
-            self.w_stream.ready.eq(writes_open & wside.w_rdy & wq.i_stream.ready),
+            # The quantizer never stalls: its output is always taken.
+            self.w_stream.ready.eq(writes_open & wside.w_rdy),
             wside.w_en.eq(self.w_stream.valid & self.w_stream.ready),
             wside.w_data.eq(Cat(w_in.engine, w_in.row, w_in.slot)),
             # The write stage takes a word every cycle, so quantized rows never wait,
             # and they go before packed words.
             wq.o_stream.ready.eq(1),
-            wside.r_en.eq(wq.o_stream.valid),
-            self.mrf_w.ready.eq(writes_open & ~wq.o_stream.valid),
+            wside.r_en.eq(w_out),
+            self.mrf_w.ready.eq(writes_open & ~w_out),
         ]
-        from_q = wq.o_stream.valid
+        if shared:
+            # A row taken from w_stream goes through the vectors' input register: each
+            # lane's copy of the mode (~cmd_busy one edge late, a kept flip-flop) selects
+            # what the register loads. A row is taken only with writes_open, which needs
+            # ~cmd_busy one edge late; a vector only with l_more, which, or the V4 that
+            # sets it, kept cmd_busy high the edge before.
+            w_in_valid = Signal(name="w_in_valid")
+            weights = [Signal(name=f"quantizer_weights{i}", attrs={"keep": 1})
+                       for i in range(n)]
+            m.d.sync += [w.eq(~cmd_busy) for w in weights]
+            m.d.sync += [x_in[i].eq(Mux(weights[i], w_in.values[i], self.x_stream.payload[i]))
+                         for i in range(n)]
+            m.d.sync += [
+                w_in_valid.eq(self.w_stream.valid & self.w_stream.ready),
+                x_in_cmd.rounding.eq(Mux(weights[0], w_in.rounding, l_cmd.rounding)),
+                x_in_cmd.static.eq(Mux(weights[0], w_in.static, l_cmd.static)),
+                x_in_cmd.static_exponent.eq(Mux(weights[0], w_in.static_exponent,
+                                                l_cmd.static_exponent)),
+            ]
+            m.d.comb += [vq.i_stream.valid.eq(x_in_valid | w_in_valid),
+                         vq.source.eq(w_in_valid)]
+        else:
+            m.d.comb += [
+                wq.i_stream.valid.eq(self.w_stream.valid & writes_open & wside.w_rdy),
+                wq.i_stream.payload.eq(w_in.values),
+                wq.rounding.eq(w_in.rounding),
+                wq.static.eq(w_in.static),
+                wq.static_exponent.eq(w_in.static_exponent),
+            ]
+        from_q = w_out
         from_d = self.mrf_w.valid & self.mrf_w.ready
         q_addr = addr_layout(wside.r_data)
         src_engine = Mux(from_q, q_addr.engine, self.mrf_w.payload.engine)

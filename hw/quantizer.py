@@ -22,6 +22,8 @@ __all__ = ["VectorQuantizer"]
 N_MAX = 64
 #: Widest saturating counters offered.
 COUNTER_BITS_MAX = 64
+#: Most sources one quantizer keeps apart (``sources``): the MVM's vectors and weight rows.
+SOURCES_MAX = 2
 
 _SIG_BITS = FP16_FRAC_BITS + 1                 # significand with its hidden bit: 11
 _EXP_ALL_ONES = (1 << FP16_EXP_BITS) - 1       # exponent field of inf and NaN: 31
@@ -109,6 +111,11 @@ class VectorQuantizer(wiring.Component):
         Width ``m`` of each two's complement output mantissa.
     counter_bits : int, 1..64, default 32
         Width of the saturating event counters.
+    sources : int, 1..2, default 1
+        Streams that share the quantizer, each with its own counters: with 2, every
+        vector carries a ``source`` bit to the output (``o_source``) and its events go to
+        that source's counters. The MVM quantizes its vectors and its weight rows on one
+        quantizer this way when their mantissa widths agree (``docs/mvm.md`` section 6).
 
     Attributes
     ----------
@@ -128,13 +135,18 @@ class VectorQuantizer(wiring.Component):
     saturations : ``Out(counter_bits)``
         Running count of clamped values over all blocks that left on ``o_stream``
         (a block's count is added on the edge after its transfer), saturating at
-        ``2**counter_bits - 1``.
+        ``2**counter_bits - 1``. With ``sources = 2``,
+        ``Out(ArrayLayout(unsigned(counter_bits), 2))``: element ``s`` counts the
+        blocks of source ``s``.
     nonfinite : ``Out(counter_bits)``
         Same for inf/NaN inputs.
+    source : ``In(1)``, o_source : ``Out(1)``
+        Only with ``sources = 2``: the vector's source, sampled with each input transfer
+        like ``rounding``; the source of the block on ``o_stream``.
     clear : ``In(1)``
-        Zeroes both counters, and the counts of a block taken at the same edge or at
+        Zeroes all counters, and the counts of a block taken at the same edge or at
         the edge before (whose counts are not in the counters yet).
-    n, mantissa_bits, counter_bits : int
+    n, mantissa_bits, counter_bits, sources : int
         The build parameters (read only).
 
     Raises
@@ -145,21 +157,28 @@ class VectorQuantizer(wiring.Component):
         A parameter is out of range.
     """
 
-    def __init__(self, *, n, mantissa_bits, counter_bits=32):
+    def __init__(self, *, n, mantissa_bits, counter_bits=32, sources=1):
         self._n = check_int("n", n, 1, N_MAX)
         self._m = check_int("mantissa_bits", mantissa_bits,
                             MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
         self._counter_bits = check_int("counter_bits", counter_bits, 1, COUNTER_BITS_MAX)
-        super().__init__({
+        self._sources = check_int("sources", sources, 1, SOURCES_MAX)
+        counter = (unsigned(self._counter_bits) if self._sources == 1 else
+                   data.ArrayLayout(unsigned(self._counter_bits), self._sources))
+        ports = {
             "i_stream": In(stream.Signature(data.ArrayLayout(unsigned(16), self._n))),
             "rounding": In(Rounding),
             "static": In(1),
             "static_exponent": In(8),
             "o_stream": Out(stream.Signature(block_layout(self._n, self._m))),
-            "saturations": Out(self._counter_bits),
-            "nonfinite": Out(self._counter_bits),
+            "saturations": Out(counter),
+            "nonfinite": Out(counter),
             "clear": In(1),
-        })
+        }
+        if self._sources > 1:
+            ports["source"] = In(range(self._sources))
+            ports["o_source"] = Out(range(self._sources))
+        super().__init__(ports)
 
     @property
     def n(self):
@@ -175,6 +194,11 @@ class VectorQuantizer(wiring.Component):
     def counter_bits(self):
         """Width of the saturating counters, in bits."""
         return self._counter_bits
+
+    @property
+    def sources(self):
+        """Streams that share the quantizer, each with its own counters."""
+        return self._sources
 
     def elaborate(self, platform):
         m = Module()
@@ -231,6 +255,11 @@ class VectorQuantizer(wiring.Component):
         rnd1 = reg(Rounding, "s1_rounding", self.rounding)
         static1 = reg(1, "s1_static", self.static)
         code1 = reg(8, "s1_static_exponent", self.static_exponent)
+        # The source travels beside the vector's valid bit (no logic: 7 registers).
+        if self._sources > 1:
+            src = self.source
+            for k in range(1, LATENCY):
+                src = reg(len(src), f"s{k}_source", src)
         sign_d, sig_d, ef_d, nonfinite_d, indicators = [], [], [], [], []
         for i in range(n):
             x = self.i_stream.payload[i]
@@ -384,6 +413,8 @@ class VectorQuantizer(wiring.Component):
             # Laid out as block_layout: the code in bits [0, 8), then the mantissas.
             out.eq(Mux(advance, Cat(code7, *mant7), out)),
         ]
+        if self._sources > 1:
+            m.d.sync += self.o_source.eq(Mux(advance, src, self.o_source))
         sat_groups8 = regs(range(_LANE_GROUP + 1), "s8_saturation_count", [
             _popcount(sat7[g:g + _LANE_GROUP]) for g in range(0, n, _LANE_GROUP)])
         nonfinite8 = reg(count_shape, "s8_nonfinite_count", nonfinite7)
@@ -397,21 +428,28 @@ class VectorQuantizer(wiring.Component):
         transfer = self.o_stream.valid & self.o_stream.ready
         cmax = (1 << self._counter_bits) - 1
         taken = transfer & ~self.clear
-        # No reset: while the reset is held nothing is taken, so they load zeros.
-        pending = [Signal(count_shape, name="saturation_pending", reset_less=True),
-                   Signal(count_shape, name="nonfinite_pending", reset_less=True)]
-        m.d.sync += [
-            pending[0].eq(Mux(taken, sum(sat_groups8), 0)),
-            pending[1].eq(Mux(taken, nonfinite8, 0)),
-        ]
-        for counter, count in zip((self.saturations, self.nonfinite), pending):
-            cb = self._counter_bits
-            total = Signal(max(cb, n.bit_length()) + 1, name=f"{counter.name}_next")
-            m.d.comb += total.eq(counter + count)
-            with m.If(self.clear):
-                m.d.sync += counter.eq(0)
-            with m.Else():
-                # cmax is all ones: the sum is past it iff a bit above it is set.
-                m.d.sync += counter.eq(Mux(total[cb:].any(), cmax, total[:cb]))
+        sat8 = sum(sat_groups8)
+        cb = self._counter_bits
+        for s_ in range(self._sources):
+            if self._sources == 1:
+                counters, suffix, mine = (self.saturations, self.nonfinite), "", taken
+            else:
+                counters = (self.saturations[s_], self.nonfinite[s_])
+                suffix, mine = f"{s_}", taken & (self.o_source == s_)
+            # No reset: while the reset is held nothing is taken, so they load zeros.
+            pending = [Signal(count_shape, name=f"saturation_pending{suffix}", reset_less=True),
+                       Signal(count_shape, name=f"nonfinite_pending{suffix}", reset_less=True)]
+            m.d.sync += [
+                pending[0].eq(Mux(mine, sat8, 0)),
+                pending[1].eq(Mux(mine, nonfinite8, 0)),
+            ]
+            for name, counter, count in zip(("saturations", "nonfinite"), counters, pending):
+                total = Signal(max(cb, n.bit_length()) + 1, name=f"{name}{suffix}_next")
+                m.d.comb += total.eq(counter + count)
+                with m.If(self.clear):
+                    m.d.sync += counter.eq(0)
+                with m.Else():
+                    # cmax is all ones: the sum is past it iff a bit above it is set.
+                    m.d.sync += counter.eq(Mux(total[cb:].any(), cmax, total[:cb]))
 
         return m

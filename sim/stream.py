@@ -26,6 +26,7 @@ import random
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import Event, RisingEdge, SimTimeoutError, with_timeout
+from cocotb.types import Logic
 
 __all__ = ["StreamMonitor", "StreamSink", "StreamSource", "UnitBench", "stream_signals"]
 
@@ -197,7 +198,9 @@ class StreamMonitor:
                     f"cycle {self.cycle}: {self.name}.valid dropped before its payload "
                     f"{held:#x} was accepted")
                 continue
-            word = self.payload.value.to_unsigned()
+            value = self.payload.value
+            # A 1-bit payload reads as a Logic, which has no to_unsigned().
+            word = int(value) if isinstance(value, Logic) else value.to_unsigned()
             if held is not None:
                 self.stall_checks += 1
                 assert word == held, (

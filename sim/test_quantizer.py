@@ -16,6 +16,10 @@ Parameters come from the environment (set by ``tests/test_quantizer_hw.py``):
     The build's ``n`` and ``mantissa_bits``.
 ``VQ_COUNTER_BITS``
     The build's ``counter_bits`` (default 32).
+``VQ_SOURCES``
+    The build's ``sources`` (default 1). With 2, every vector gets a random source, each
+    block's ``o_source`` is compared with it, and each source's counters with the
+    model's counts of that source's vectors.
 ``VQ_VECTORS``
     Random vectors per mode and per stall setting (default 100000).
 """
@@ -57,6 +61,7 @@ class Config:
         self.n = int(os.environ.get("VQ_N", "8"))
         self.m = int(os.environ.get("VQ_M", "8"))
         self.counter_bits = int(os.environ.get("VQ_COUNTER_BITS", "32"))
+        self.sources = int(os.environ.get("VQ_SOURCES", "1"))
         self.vectors = int(os.environ.get("VQ_VECTORS", "100000"))
         self.block_bits = block_bits(self.n, self.m)
         self.counter_max = (1 << self.counter_bits) - 1
@@ -197,10 +202,11 @@ class Stimulus:
 class CounterChecker:
     """Checks ``saturations``/``nonfinite`` every cycle against the model's running sums.
 
-    ``expected_counts`` gives, per output block in order, the model's (saturated,
-    nonfinite) counts. A transfer's counts are added at the edge after the one that
-    takes it; a ``clear`` high at an edge zeroes both and drops the counts of the
-    transfers at that edge and at the edge before (not yet added).
+    ``expected_counts`` gives, per output block in order, its source and the model's
+    (saturated, nonfinite) counts. A transfer's counts are added to its source's
+    counters at the edge after the one that takes it; a ``clear`` high at an edge zeroes
+    all and drops the counts of the transfers at that edge and at the edge before (not
+    yet added).
     """
 
     def __init__(self, tb, expected_counts):
@@ -213,23 +219,26 @@ class CounterChecker:
     async def _run(self):
         tb = self.tb
         cmax = tb.cfg.counter_max
-        sat = nonfinite = 0
-        pending = (0, 0)                      # counts of the transfer at the last edge
+        zero = [(0, 0)] * tb.cfg.sources
+        want = list(zero)
+        pending = None                       # (source, counts) of the last edge's transfer
         edge = RisingEdge(tb.dut.clk)
         while True:
             await edge
-            got = (tb.saturations.value.to_unsigned(), tb.nonfinite.value.to_unsigned())
-            assert got == (sat, nonfinite), (
-                f"counters (saturations, nonfinite) = {got}, model {(sat, nonfinite)} "
+            got = tb.counters()
+            assert got == want, (
+                f"counters (saturations, nonfinite) per source = {got}, model {want} "
                 f"after {self.taken} blocks")
             transfer = tb.o_valid.value and tb.o_ready.value
             if tb.clear.value:
-                sat = nonfinite = 0
-                pending = (0, 0)
+                want = list(zero)
+                pending = None
                 self.clears += 1
             else:
-                sat, nonfinite = min(sat + pending[0], cmax), min(nonfinite + pending[1], cmax)
-                pending = self.counts[self.taken] if transfer else (0, 0)
+                if pending is not None:
+                    src, (sat, nf) = pending
+                    want[src] = (min(want[src][0] + sat, cmax), min(want[src][1] + nf, cmax))
+                pending = self.counts[self.taken] if transfer else None
             if transfer:
                 self.taken += 1
 
@@ -252,13 +261,24 @@ class TB:
             dut.saturations, dut.nonfinite, dut.clear)
         self.stalls, self.seed = stalls, seed
         Clock(dut.clk, CLOCK_NS, unit="ns").start()
-        # The rounding / static / static_exponent inputs travel with each vector.
+        # The rounding / static / static_exponent (and source) inputs travel with each
+        # vector.
+        sideband = [dut.rounding, dut.static, dut.static_exponent]
+        if self.cfg.sources > 1:
+            sideband.append(dut.source)
         self.source = StreamSource(
             dut.clk, *stream_signals(dut, "i_stream"),
-            idle_prob=IDLE_PROB if stalls else 0.0, seed=seed + 1,
-            sideband=[dut.rounding, dut.static, dut.static_exponent])
-        self.sink = self.monitor = None            # started by reset()
+            idle_prob=IDLE_PROB if stalls else 0.0, seed=seed + 1, sideband=sideband)
+        self.sink = self.monitor = self.source_monitor = None   # started by reset()
         self.inputs = []                           # (bits, rounding, static, code) batches
+        self.sources = []                          # the batches' source of each vector
+
+    def counters(self):
+        """``[(saturations, nonfinite)]`` per source, as the DUT shows them now."""
+        cb, mask = self.cfg.counter_bits, self.cfg.counter_max
+        sat, nf = self.saturations.value.to_unsigned(), self.nonfinite.value.to_unsigned()
+        return [((sat >> (cb * s)) & mask, (nf >> (cb * s)) & mask)
+                for s in range(self.cfg.sources)]
 
     async def reset(self):
         """Reset the DUT (whatever an earlier, failed test left in it), then start the
@@ -273,23 +293,32 @@ class TB:
         dut.rst.value = 0
         await RisingEdge(dut.clk)
         assert not self.o_valid.value, "o_stream.valid high after reset"
-        assert self.saturations.value.to_unsigned() == 0
-        assert self.nonfinite.value.to_unsigned() == 0
+        assert self.counters() == [(0, 0)] * self.cfg.sources
         # Started only now: they act from the first cycle on, and the monitor must not
         # sample o_stream during reset.
         self.sink = StreamSink(dut.clk, self.o_ready,
                                BACKPRESSURE_PROB if self.stalls else 0.0, seed=self.seed + 2)
         self.monitor = StreamMonitor(dut.clk, *stream_signals(dut, "o_stream"), "o_stream")
+        if self.cfg.sources > 1:
+            # The block's source, recorded with every transfer (and held while stalled).
+            self.source_monitor = StreamMonitor(dut.clk, self.o_valid, self.o_ready,
+                                                dut.o_source, "o_source")
 
     def send(self, bits, rounding, static, code):
-        """Queue vectors ``bits (V, n)`` with per-vector settings (arrays or scalars)."""
+        """Queue vectors ``bits (V, n)`` with per-vector settings (arrays or scalars);
+        with several sources, each vector from a random one."""
         v = bits.shape[0]
         rounding = np.broadcast_to(np.asarray(rounding, np.int64), (v,))
         static = np.broadcast_to(np.asarray(static, np.int64), (v,))
         code = np.broadcast_to(np.asarray(code, np.int64), (v,))
+        source = self.rng.integers(0, self.cfg.sources, v)
         self.inputs.append((bits, rounding, static, code))
+        self.sources.append(source)
         words = pack_vectors(bits)
-        self.source.send(zip(words, rounding.tolist(), static.tolist(), code.tolist()))
+        side = [rounding.tolist(), static.tolist(), code.tolist()]
+        if self.cfg.sources > 1:
+            side.append(source.tolist())
+        self.source.send(zip(words, *side))
 
     def send_switching(self, count):
         """Queue ``count`` random vectors whose rounding, static flag and static code
@@ -320,9 +349,15 @@ class TB:
         inputs, expected = self.expected()
         board = Scoreboard(self.cfg, self.log, inputs, expected)
         board.check_blocks(self.monitor.items)
+        sources = np.concatenate(self.sources)
+        if self.source_monitor is not None:
+            got = np.array(self.source_monitor.items)
+            bad = np.flatnonzero(got != sources)
+            assert not bad.size, (f"{bad.size} blocks came out with another source; first "
+                                  f"block {bad[0]}: o_source {got[bad[0]]}, sent "
+                                  f"{sources[bad[0]]}")
         if counters:
-            board.check_counters(self.saturations.value.to_unsigned(),
-                                 self.nonfinite.value.to_unsigned())
+            board.check_counters(self.counters(), sources)
         self.log.info("checked %d blocks (%d saturated values, %d non-finite, %d stall "
                       "checks) in %.2f s", len(inputs[0]), board.saturated.sum(),
                       board.nonfinite.sum(), self.monitor.stall_checks,
@@ -352,12 +387,14 @@ class Scoreboard:
                 codes[i], mant[i].tolist(), self.codes[i], self.mantissas[i].tolist())
         assert not bad.size, f"{bad.size} of {len(self.bits)} blocks differ from the model"
 
-    def check_counters(self, saturations, nonfinite):
-        """The counters after all blocks: the model's totals, saturated at the top."""
+    def check_counters(self, got, sources):
+        """The counters after all blocks, ``[(saturations, nonfinite)]`` per source:
+        the model's totals over that source's vectors, saturated at the top."""
         cmax = self.cfg.counter_max
-        want = (min(int(self.saturated.sum()), cmax), min(int(self.nonfinite.sum()), cmax))
-        got = (saturations, nonfinite)
-        assert got == want, f"counters (saturations, nonfinite) {got}, model {want}"
+        want = [(min(int(self.saturated[sources == s].sum()), cmax),
+                 min(int(self.nonfinite[sources == s].sum()), cmax))
+                for s in range(self.cfg.sources)]
+        assert got == want, f"counters (saturations, nonfinite) per source {got}, model {want}"
 
 
 def _mode_settings(mode, tb, bits):
@@ -522,7 +559,8 @@ async def test_clear(dut, stalls):
     count = max(2000, Config().vectors // 50)
     tb.send_switching(count)
     _, (_, _, e_sat, e_nf) = tb.expected()
-    checker = CounterChecker(tb, list(zip(e_sat.tolist(), e_nf.tolist())))
+    checker = CounterChecker(tb, list(zip(np.concatenate(tb.sources).tolist(),
+                                          zip(e_sat.tolist(), e_nf.tolist()))))
     clear_rand = random.Random(random.getrandbits(32))
     edge = RisingEdge(dut.clk)
     while not tb.source.idle or len(tb.monitor.items) < count:
@@ -538,4 +576,4 @@ async def test_clear(dut, stalls):
     tb.clear.value = 0
     await edge
     await edge
-    assert tb.saturations.value.to_unsigned() == 0 and tb.nonfinite.value.to_unsigned() == 0
+    assert tb.counters() == [(0, 0)] * tb.cfg.sources

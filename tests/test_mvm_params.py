@@ -158,3 +158,6 @@ def test_mvm_ports_follow_config():
     # Cycle-formula pieces are consistent.
     assert mvm.latency == latency(c) > compute_latency(c)
     assert output_fifo_depth(c) >= compute_latency(c) + 4
+    # m_v != m_w: a quantizer each. Equal widths share one (docs/mvm.md section 5).
+    assert not mvm.shared_quantizer
+    assert _quiet(Mvm(MvmConfig(n=8, mantissa_bits_v=5, mantissa_bits_w=5))).shared_quantizer

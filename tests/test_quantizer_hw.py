@@ -49,3 +49,19 @@ def test_vector_quantizer_edges(simulator, n, m, counter_bits):
         extra_env={"VQ_N": str(n), "VQ_M": str(m), "VQ_COUNTER_BITS": str(counter_bits),
                    "VQ_VECTORS": str(min(VECTORS, 5000))},
     )
+
+
+@pytest.mark.parametrize("n,m,counter_bits", [(16, 4, 32), (4, 6, 5)])
+def test_vector_quantizer_two_sources(simulator, n, m, counter_bits):
+    """``sources = 2`` (the MVM's shared quantizer): every vector from a random source,
+    each block's ``o_source`` and each source's counters checked (5-bit counters that
+    saturate at different times for the two sources, and 32-bit ones)."""
+    run_cocotb(
+        name=f"vector_quantizer_n{n}_m{m}_c{counter_bits}_s2",
+        component=VectorQuantizer(n=n, mantissa_bits=m, counter_bits=counter_bits,
+                                  sources=2),
+        test_module="sim.test_quantizer",
+        simulator=simulator,
+        extra_env={"VQ_N": str(n), "VQ_M": str(m), "VQ_COUNTER_BITS": str(counter_bits),
+                   "VQ_SOURCES": "2", "VQ_VECTORS": str(min(VECTORS, 5000))},
+    )

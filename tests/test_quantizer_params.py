@@ -22,6 +22,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable
      "counter_bits must be from 1 to 64, not 0"),
     ({"n": 8, "mantissa_bits": 8, "counter_bits": 65}, ValueError,
      "counter_bits must be from 1 to 64, not 65"),
+    ({"n": 8, "mantissa_bits": 8, "sources": 0}, ValueError,
+     "sources must be from 1 to 2, not 0"),
+    ({"n": 8, "mantissa_bits": 8, "sources": 3}, ValueError,
+     "sources must be from 1 to 2, not 3"),
 ])
 def test_rejects_bad_parameters(kwargs, error, message):
     with pytest.raises(error, match=f"^{message}$"):
@@ -43,6 +47,15 @@ def test_properties_and_signature():
     assert q.rounding.shape() == Rounding
     assert len(q.saturations) == len(q.nonfinite) == 20
     assert LATENCY >= 1
+    assert q.sources == 1 and not hasattr(q, "source") and not hasattr(q, "o_source")
+
+
+def test_two_sources_signature():
+    q = VectorQuantizer(n=8, mantissa_bits=4, counter_bits=12, sources=2)
+    assert q.sources == 2
+    assert len(q.source) == len(q.o_source) == 1
+    assert len(q.saturations.as_value()) == len(q.nonfinite.as_value()) == 2 * 12
+    assert len(q.saturations[1]) == 12
 
 
 @pytest.mark.parametrize("n, m", [(1, 2), (8, 8), (16, 4), (32, 8), (64, 16), (5, 3)])
