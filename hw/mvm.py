@@ -716,8 +716,15 @@ class Mvm(wiring.Component):
         # stage, which covers the edge that lag would miss.
         cmd_busy_r = Signal(name="cmd_busy_r")
         m.d.sync += cmd_busy_r.eq(cmd_busy)
+        # With the shared quantizer, writes also wait for cmd_busy two edges late, of
+        # which the mode copies that steer its input register (below) are copies.
+        settled = Const(1, 1)
+        if shared:
+            cmd_busy_r2 = Signal(name="cmd_busy_r2")
+            m.d.sync += cmd_busy_r2.eq(cmd_busy_r)
+            settled = ~cmd_busy_r2
         writes_open = Signal()
-        m.d.comb += writes_open.eq(~cmd_busy_r & ~v1 & ~self.cmd.valid & ~rb_busy)
+        m.d.comb += writes_open.eq(~cmd_busy_r & settled & ~v1 & ~self.cmd.valid & ~rb_busy)
         w_in = self.w_stream.payload
         m.d.comb += [
             # The quantizer never stalls: its output is always taken.
@@ -732,14 +739,16 @@ class Mvm(wiring.Component):
         ]
         if shared:
             # A row taken from w_stream goes through the vectors' input register: each
-            # lane's copy of the mode (~cmd_busy one edge late, a kept flip-flop) selects
-            # what the register loads. A row is taken only with writes_open, which needs
-            # ~cmd_busy one edge late; a vector only with l_more, which, or the V4 that
-            # sets it, kept cmd_busy high the edge before.
+            # lane's copy of the mode (~cmd_busy two edges late, a kept flip-flop loaded
+            # from cmd_busy_r: loaded from cmd_busy's wide OR, the copies spread over
+            # the lanes were a routed critical path) selects what the register loads. A
+            # row is taken only with writes_open, which needs ~cmd_busy two edges late; a
+            # vector only with l_more, which, or the V3 and V4 before it, kept cmd_busy
+            # high two edges before.
             w_in_valid = Signal(name="w_in_valid")
             weights = [Signal(name=f"quantizer_weights{i}", attrs={"keep": 1})
                        for i in range(n)]
-            m.d.sync += [w.eq(~cmd_busy) for w in weights]
+            m.d.sync += [w.eq(~cmd_busy_r) for w in weights]
             m.d.sync += [x_in[i].eq(Mux(weights[i], w_in.values[i], self.x_stream.payload[i]))
                          for i in range(n)]
             m.d.sync += [

@@ -176,9 +176,8 @@ class DotProductEngine(wiring.Component):
 
     and, :attr:`narrow_latency` cycles after the blocks, ``narrow``: how many of the
     ``N`` products and ``N - 1`` tree nodes do not fit a ``k``-bit signed integer
-    (``docs/numerics.md`` section 5, rules 1 and 2). Each value is tested from its
-    register or behind one adder (:meth:`flag_plan`), and the tests are counted by a
-    pipelined popcount. A block pair that does not take part
+    (``docs/numerics.md`` section 5, rules 1 and 2). Each value is tested from a register
+    (:meth:`flag_plan`), and the tests are counted by a pipelined popcount. A block pair that does not take part
     in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
     ``k >= 1``: no valid bit is needed to keep the count exact.
 
@@ -286,17 +285,18 @@ class DotProductEngine(wiring.Component):
     @classmethod
     def flag_plan(cls, config):
         """Fit tests per flag stage: ``plan[s]`` flags are registered ``PRODUCT_STAGES +
-        1 + s`` cycles after the input blocks (``s = 0 .. tree_stages``)."""
-        width, plan = config.n, []
+        1 + s`` cycles after the input blocks (``s = 0 .. tree_stages``): the inputs of
+        tree stage ``s`` (the products, then the previous stage's sums; the dot product
+        in the last flag stage) and the sums of every level but the last of tree stage
+        ``s - 1``, from registers of their own."""
+        width, plan, inner = config.n, [], 0
         levels = config.log2_n
         for stage in range(cls.tree_stages(config)):
-            tested = width                      # the stage's inputs
+            plan.append(width + inner)          # the stage's inputs, the last one's inner sums
             in_stage = min(TREE_LEVELS_PER_STAGE, levels - stage * TREE_LEVELS_PER_STAGE)
-            for level in range(in_stage - 1):   # every level but the stage's last
-                tested += width >> (level + 1)
-            plan.append(tested)
+            inner = sum(width >> (level + 1) for level in range(in_stage - 1))
             width >>= in_stage
-        return plan + [1]
+        return plan + [1 + inner]
 
     @classmethod
     def narrow_latency_of(cls, config):
@@ -350,21 +350,28 @@ class DotProductEngine(wiring.Component):
 
         # --- tree stages: TREE_LEVELS_PER_STAGE levels each, then a register -----------
         # Fit tests (narrow flags): flag stage s registers the tests of stage s's inputs
-        # (the products in stage 0, the previous stage's registered sums after) and of
-        # the sums of every level of stage s but its last, whose sums are registered
-        # and tested in stage s + 1 (the dot product itself in a last flag stage). So no
-        # test is behind more than one adder: two adder levels and a test in one cycle
-        # were a routed critical path (docs/mvm.md section 11).
+        # (the products in stage 0, the previous stage's registered sums after; the dot
+        # product itself in a last flag stage) and of the sums of every level of stage
+        # s - 1 but its last, which are registered for the tests alone. So every test is
+        # a LUT tree from registers: one adder and a test in one cycle was the routed
+        # critical path of the one-engine build (docs/mvm.md section 11), and two adder
+        # levels and a test before that.
         flag_regs = []
+        inner = []                               # registered inner sums of the last stage
         first = self.PRODUCT_STAGES + 1          # stage number of the first tree registers
         for stage in range(self._tree_stages):
-            flags = [not_fits(v, therm) for v in values]
+            # The inner sums were registered with this stage's inputs: same blocks, same k.
+            flags = [not_fits(v, therm) for v in values + inner]
+            inner = []
             for level in range(TREE_LEVELS_PER_STAGE):
                 if len(values) == 1:
                     break
                 values = [values[2 * j] + values[2 * j + 1] for j in range(len(values) // 2)]
                 if level < TREE_LEVELS_PER_STAGE - 1 and len(values) > 1:
-                    flags += [not_fits(v, therm) for v in values]
+                    for j, v in enumerate(values):
+                        r = Signal(v.shape(), name=f"inner_s{stage + first}_l{level}_{j}")
+                        m.d.sync += r.eq(v)
+                        inner.append(r)
                 elif level < TREE_LEVELS_PER_STAGE - 1:
                     break                         # the last sum: tested from its register
             regs = []
@@ -380,8 +387,8 @@ class DotProductEngine(wiring.Component):
             next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}")
             m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
             shift, therm = next_shift, next_therm
-        flag_reg = Signal(1, name=f"narrow_flags_s{self._tree_stages + first}")
-        m.d.sync += flag_reg.eq(not_fits(values[0], therm))
+        flag_reg = Signal(1 + len(inner), name=f"narrow_flags_s{self._tree_stages + first}")
+        m.d.sync += flag_reg.eq(Cat(*[not_fits(v, therm) for v in values + inner]))
         flag_regs.append(flag_reg)
 
         # Counts: each flag stage's popcount (two adder levels per register), delayed to

@@ -88,4 +88,4 @@ def test_flag_plan_tests_every_value_once():
     for n in (4, 8, 16, 32, 64):
         plan = DotProductEngine.flag_plan(MvmConfig(n=n, tiles=1))
         assert sum(plan) == 2 * n - 1, n
-        assert plan[-1] == 1                      # the dot product, from its register
+        assert plan[0] == n                       # the products, from their registers
