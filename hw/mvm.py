@@ -301,7 +301,7 @@ class Mvm(wiring.Component):
         # One quantizer for the vectors and the weight rows when their mantissa widths
         # agree (source 0: vectors, 1: weight rows). The two never meet in it: MRF
         # writes are open only while no command is in the MVM (writes_open), and a
-        # command starts only once no row is in flight (io_busy). docs/mvm.md section 6.
+        # command starts only once no row is in flight (io_busy). docs/mvm.md section 5.
         shared = self.shared_quantizer
         if shared:
             m.submodules.quantizer = vq = wq = VectorQuantizer(
@@ -716,8 +716,8 @@ class Mvm(wiring.Component):
         # stage, which covers the edge that lag would miss.
         cmd_busy_r = Signal(name="cmd_busy_r")
         m.d.sync += cmd_busy_r.eq(cmd_busy)
-        # With the shared quantizer, writes also wait for cmd_busy two edges late, of
-        # which the mode copies that steer its input register (below) are copies.
+        # With the shared quantizer, writes also wait for cmd_busy two edges late: the
+        # value the mode copies that steer its input register (below) hold.
         settled = Const(1, 1)
         if shared:
             cmd_busy_r2 = Signal(name="cmd_busy_r2")

@@ -115,7 +115,7 @@ class VectorQuantizer(wiring.Component):
         Streams that share the quantizer, each with its own counters: with 2, every
         vector carries a ``source`` bit to the output (``o_source``) and its events go to
         that source's counters. The MVM quantizes its vectors and its weight rows on one
-        quantizer this way when their mantissa widths agree (``docs/mvm.md`` section 6).
+        quantizer this way when their mantissa widths agree (``docs/mvm.md`` section 5).
 
     Attributes
     ----------

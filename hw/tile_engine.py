@@ -177,9 +177,9 @@ class DotProductEngine(wiring.Component):
     and, :attr:`narrow_latency` cycles after the blocks, ``narrow``: how many of the
     ``N`` products and ``N - 1`` tree nodes do not fit a ``k``-bit signed integer
     (``docs/numerics.md`` section 5, rules 1 and 2). Each value is tested from a register
-    (:meth:`flag_plan`), and the tests are counted by a pipelined popcount. A block pair that does not take part
-    in a product is fed as an all-zero vector, which makes every value 0, and 0 fits any
-    ``k >= 1``: no valid bit is needed to keep the count exact.
+    (:meth:`flag_plan`), and the tests are counted by a pipelined popcount. A block pair
+    that does not take part in a product is fed as an all-zero vector, which makes every
+    value 0, and 0 fits any ``k >= 1``: no valid bit is needed to keep the count exact.
 
     **DSP blocks.** Elaborated for an ECP5 (:func:`hw.dsp.has_ecp5_dsp`), the products
     of lanes ``0 .. dsp_lanes - 1`` are each a MULT18X18D (:func:`hw.dsp.registered_product`)
@@ -359,10 +359,15 @@ class DotProductEngine(wiring.Component):
         flag_regs = []
         inner = []                               # registered inner sums of the last stage
         first = self.PRODUCT_STAGES + 1          # stage number of the first tree registers
-        for stage in range(self._tree_stages):
+
+        def flag_stage(stage, tested):
             # The inner sums were registered with this stage's inputs: same blocks, same k.
-            flags = [not_fits(v, therm) for v in values + inner]
-            inner = []
+            r = Signal(len(tested), name=f"narrow_flags_s{stage + first}")
+            m.d.sync += r.eq(Cat(*[not_fits(v, therm) for v in tested]))
+            flag_regs.append(r)
+
+        for stage in range(self._tree_stages):
+            tested, inner = values + inner, []
             for level in range(TREE_LEVELS_PER_STAGE):
                 if len(values) == 1:
                     break
@@ -380,16 +385,12 @@ class DotProductEngine(wiring.Component):
                 m.d.sync += r.eq(v)
                 regs.append(r)
             values = regs
-            flag_reg = Signal(len(flags), name=f"narrow_flags_s{stage + first}")
-            m.d.sync += flag_reg.eq(Cat(*flags))
-            flag_regs.append(flag_reg)
+            flag_stage(stage, tested)
             next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}")
             next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}")
             m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
             shift, therm = next_shift, next_therm
-        flag_reg = Signal(1 + len(inner), name=f"narrow_flags_s{self._tree_stages + first}")
-        m.d.sync += flag_reg.eq(Cat(*[not_fits(v, therm) for v in values + inner]))
-        flag_regs.append(flag_reg)
+        flag_stage(self._tree_stages, values + inner)     # the dot product, the last inner sums
 
         # Counts: each flag stage's popcount (two adder levels per register), delayed to
         # meet the slowest, then their sum. The counts trail the data; nothing waits.
