@@ -258,8 +258,6 @@ def _reset_logic_off_global(netlist):
         for dcca in [c for c in module["cells"].values() if c["type"] == "DCCA"]:
             out, src = dcca["connections"]["CLKO"], dcca["connections"]["CLKI"]
             for cell in module["cells"].values():
-                if cell is dcca:
-                    continue
                 for port, bits in cell["connections"].items():
                     if (bits == out and cell["port_directions"].get(port) == "input"
                             and not (cell["type"] == "TRELLIS_FF" and port == "LSR")):
