@@ -628,7 +628,11 @@ async def test_matrix_quantizer(dut, stalls):
         if trial >= 2:
             code = int(tb.rng.integers(E8M0_BIAS - 10, EXPONENT_CODE_MAX + 1))
         if trial == 3:
-            w16 = tb.stim.values((rows, cols), "extreme")      # saturates at that code
+            # +-65504 needs block exponent 15; any code below that saturates it. Put one
+            # in, so that a small random shape cannot leave the counter at zero.
+            code = min(code, EXPONENT_CODE_MAX - 1)
+            w16 = tb.stim.values((rows, cols), "extreme")
+            w16[0, 0] = -65504.0
         padded = np.zeros((br * n, bc * n), np.float16)
         padded[:rows, :cols] = w16
         if trial == 1:
