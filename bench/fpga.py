@@ -242,27 +242,53 @@ def _has_primitives(il_text):
 
 
 def _reset_logic_off_global(netlist):
-    """Move every load of the shim's global reset but a flip-flop's ``LSR`` back onto
-    the DCCA's input, in place; returns how many were moved.
+    """Give every load of the shim's global reset but a flip-flop's ``LSR`` its own copy
+    of the power-on register, in place; returns how many loads were moved.
 
     nextpnr reaches a LUT input from a global line through local wires that it locks
     before routing anything else; on the MVM (266 LUT inputs take the reset: a reset
     ORed with a clear) both routers then failed on other nets' arcs into the
-    accumulator's slices ("Failed to find a route for arc"); with those LUTs moved off
-    the global line, router1 on the same placement routed past them. The flip-flops'
-    reset pins are what the global line is for.
+    accumulator's slices ("Failed to find a route for arc"). So those loads leave the
+    global line. Fed from the one power-on register instead, they were spread over the
+    die and that net was the routed critical path (9 ns of route to a LUT before an
+    ``LSR``; docs/mvm.md section 11). Each now takes a copy of the register that drives
+    the buffer (same cell and parameters: the same value at every edge), which the
+    placer puts beside it: the duplication a synthesis tool's fan-out limit makes. If
+    the buffer's driver is not such a register (a flip-flop with only constant inputs
+    besides its clock), the loads go back onto the buffer's input.
     """
     design = json.loads(Path(netlist).read_text())
     moved = 0
     for module in design["modules"].values():
-        for dcca in [c for c in module["cells"].values() if c["type"] == "DCCA"]:
+        cells = module["cells"]
+        next_bit = 1 + max((b for c in cells.values() for bits in c["connections"].values()
+                            for b in bits if isinstance(b, int)), default=1)
+        for name, dcca in [(n, c) for n, c in cells.items() if c["type"] == "DCCA"]:
             out, src = dcca["connections"]["CLKO"], dcca["connections"]["CLKI"]
-            for cell in module["cells"].values():
-                for port, bits in cell["connections"].items():
-                    if (bits == out and cell["port_directions"].get(port) == "input"
-                            and not (cell["type"] == "TRELLIS_FF" and port == "LSR")):
-                        cell["connections"][port] = src
-                        moved += 1
+            driver = next(((n, c) for n, c in cells.items()
+                           if c["type"] == "TRELLIS_FF" and c["connections"].get("Q") == src),
+                          None)
+            if driver is not None and not all(
+                    all(isinstance(b, str) for b in bits)
+                    for port, bits in driver[1]["connections"].items()
+                    if port not in ("CLK", "Q")):
+                driver = None
+            loads = [(cell, port) for cell in cells.values()
+                     for port, bits in cell["connections"].items()
+                     if (bits == out and cell["port_directions"].get(port) == "input"
+                         and not (cell["type"] == "TRELLIS_FF" and port == "LSR"))]
+            for k, (cell, port) in enumerate(loads):
+                net = src
+                if driver is not None:
+                    copy = json.loads(json.dumps(driver[1]))
+                    net = [next_bit]
+                    next_bit += 1
+                    copy["connections"]["Q"] = net
+                    cells[f"{driver[0]}_copy{k}"] = copy
+                    module.setdefault("netnames", {})[f"{name}_load{k}"] = {
+                        "hide_name": 0, "bits": net, "attributes": {}}
+                cell["connections"][port] = net
+                moved += 1
     Path(netlist).write_text(json.dumps(design))
     return moved
 

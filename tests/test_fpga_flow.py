@@ -111,9 +111,48 @@ def test_place_and_route_global_reset(tmp_path):
     assert any("clk" not in net for net in routed), routed
 
 
-def test_reset_logic_off_global(tmp_path):
+def test_reset_logic_off_global_copies(tmp_path):
     """Only flip-flop LSR pins stay on the global reset; a LUT's input and a flip-flop's
-    data input go back to the buffer's input."""
+    data input each get their own copy of the power-on register that drives the buffer."""
+    por = {"type": "TRELLIS_FF", "parameters": {"REGSET": "SET", "GSR": "DISABLED"},
+           "port_directions": {"CLK": "input", "DI": "input", "LSR": "input",
+                               "Q": "output"},
+           "connections": {"CLK": [1], "DI": ["0"], "LSR": ["0"], "Q": [2]}}
+    cells = {
+        "por": por,
+        "buf": {"type": "DCCA", "port_directions": {"CLKI": "input", "CE": "input",
+                                                    "CLKO": "output"},
+                "connections": {"CLKI": [2], "CE": ["1"], "CLKO": [3]}},
+        "ff": {"type": "TRELLIS_FF",
+               "port_directions": {"LSR": "input", "DI": "input", "Q": "output"},
+               "connections": {"LSR": [3], "DI": [3], "Q": [4]}},
+        "lut": {"type": "LUT4", "port_directions": {"A": "input", "D": "input",
+                                                    "Z": "output"},
+                "connections": {"A": [4], "D": [3], "Z": [5]}},
+    }
+    netlist = tmp_path / "n.json"
+    netlist.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
+    assert _reset_logic_off_global(netlist) == 2
+    module = json.loads(netlist.read_text())["modules"]["top"]
+    after = module["cells"]
+    assert after["ff"]["connections"]["LSR"] == [3]
+    ff_net, lut_net = after["ff"]["connections"]["DI"], after["lut"]["connections"]["D"]
+    assert ff_net != lut_net and not {ff_net[0], lut_net[0]} & {1, 2, 3, 4, 5}
+    copies = {n: c for n, c in after.items() if n.startswith("por_copy")}
+    assert sorted(c["connections"]["Q"] for c in copies.values()) == sorted([ff_net, lut_net])
+    for c in copies.values():
+        assert {k: v for k, v in c.items() if k != "connections"} == \
+            {k: v for k, v in por.items() if k != "connections"}
+        assert {k: v for k, v in c["connections"].items() if k != "Q"} == \
+            {"CLK": [1], "DI": ["0"], "LSR": ["0"]}
+    assert after["por"] == por and after["buf"] == cells["buf"]
+    names = {tuple(v["bits"]) for v in module["netnames"].values()}
+    assert names == {tuple(ff_net), tuple(lut_net)}
+
+
+def test_reset_logic_off_global(tmp_path):
+    """Without a power-on register to copy (the buffer's driver is not a flip-flop with
+    constant inputs), the loads go back to the buffer's input."""
     cells = {
         "buf": {"type": "DCCA", "port_directions": {"CLKI": "input", "CE": "input",
                                                     "CLKO": "output"},
