@@ -24,10 +24,12 @@ CONFIG = MvmConfig(n=16, tiles=2, mantissa_bits_v=4, mantissa_bits_w=4, mrf_dept
                    max_col_tiles=64, counter_bits=32)
 
 #: Products of each dot-product engine on MULT18X18D blocks (``Mvm(dsp_lanes=)``,
-#: ``docs/dsp.md``): ``T*N*4 = 128`` of the LFE5U-85F's 156 (the command check's ``R*G``
-#: takes one more). In synthesis this takes 3,487 LUT4 sites off the fabric (72,100 ->
-#: 68,613 LUT4 + 2 x CCU2C) and 896 flip-flops.
-DSP_LANES = 4
+#: ``docs/dsp.md``): ``T*N*2 = 64`` of the LFE5U-85F's 156 (the command check's ``R*G``
+#: takes one more). 4 lanes (128 DSPs) take about 2,000 more LUT4 sites off the fabric,
+#: but every lane's operands and product then cross to the DSP rows: router1 routed the
+#: 2-lane build in 37 minutes and had not finished the 4-lane one in an hour
+#: (docs/mvm.md section 11).
+DSP_LANES = 2
 
 #: Clock target of the issue (``--freq``; it only draws nextpnr's pass/fail line).
 TARGET_MHZ = 100.0
