@@ -111,15 +111,10 @@ def test_place_and_route_global_reset(tmp_path):
     assert any("clk" not in net for net in routed), routed
 
 
-def test_reset_logic_off_global_copies(tmp_path):
-    """Only flip-flop LSR pins stay on the global reset; a LUT's input and a flip-flop's
-    data input each get their own copy of the power-on register that drives the buffer."""
-    por = {"type": "TRELLIS_FF", "parameters": {"REGSET": "SET", "GSR": "DISABLED"},
-           "port_directions": {"CLK": "input", "DI": "input", "LSR": "input",
-                               "Q": "output"},
-           "connections": {"CLK": [1], "DI": ["0"], "LSR": ["0"], "Q": [2]}}
-    cells = {
-        "por": por,
+def _reset_loads():
+    """A DCCA (input net 2, global line 3) whose line reaches a flip-flop's LSR and data
+    input and a LUT's input."""
+    return {
         "buf": {"type": "DCCA", "port_directions": {"CLKI": "input", "CE": "input",
                                                     "CLKO": "output"},
                 "connections": {"CLKI": [2], "CE": ["1"], "CLKO": [3]}},
@@ -130,6 +125,16 @@ def test_reset_logic_off_global_copies(tmp_path):
                                                     "Z": "output"},
                 "connections": {"A": [4], "D": [3], "Z": [5]}},
     }
+
+
+def test_reset_logic_off_global_copies(tmp_path):
+    """Only flip-flop LSR pins stay on the global reset; a LUT's input and a flip-flop's
+    data input each get their own copy of the power-on register that drives the buffer."""
+    por = {"type": "TRELLIS_FF", "parameters": {"REGSET": "SET", "GSR": "DISABLED"},
+           "port_directions": {"CLK": "input", "DI": "input", "LSR": "input",
+                               "Q": "output"},
+           "connections": {"CLK": [1], "DI": ["0"], "LSR": ["0"], "Q": [2]}}
+    cells = {"por": por, **_reset_loads()}
     netlist = tmp_path / "n.json"
     netlist.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
     assert _reset_logic_off_global(netlist) == 2
@@ -153,17 +158,7 @@ def test_reset_logic_off_global_copies(tmp_path):
 def test_reset_logic_off_global(tmp_path):
     """Without a power-on register to copy (the buffer's driver is not a flip-flop with
     constant inputs), the loads go back to the buffer's input."""
-    cells = {
-        "buf": {"type": "DCCA", "port_directions": {"CLKI": "input", "CE": "input",
-                                                    "CLKO": "output"},
-                "connections": {"CLKI": [2], "CE": ["1"], "CLKO": [3]}},
-        "ff": {"type": "TRELLIS_FF",
-               "port_directions": {"LSR": "input", "DI": "input", "Q": "output"},
-               "connections": {"LSR": [3], "DI": [3], "Q": [4]}},
-        "lut": {"type": "LUT4", "port_directions": {"A": "input", "D": "input",
-                                                    "Z": "output"},
-                "connections": {"A": [4], "D": [3], "Z": [5]}},
-    }
+    cells = _reset_loads()
     netlist = tmp_path / "n.json"
     netlist.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
     assert _reset_logic_off_global(netlist) == 2
