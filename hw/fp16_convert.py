@@ -295,7 +295,8 @@ class FixedToFp16(wiring.Component):
         v2 = stage_valid(v1, "s2_valid")
         v3 = stage_valid(v2, "s3_valid")
 
-        out = self.o_stream.payload
+        out = Signal(self.o_stream.payload.shape(), name="out_payload", reset_less=True)
+        m.d.comb += self.o_stream.payload.eq(out)
         with m.If(advance):
             m.d.sync += self.o_stream.valid.eq(v3)
 

@@ -146,9 +146,9 @@ class BfpAccumulator(wiring.Component):
         s_lo, s_hi = shift_range(c)
         p_shape = Shape.cast(range(s_lo - 1, (1 << NARROW_WIDTH_BITS) - 1 + s_hi))
 
-        def pipe(value, name, shape=None, keep=False):
+        def pipe(value, name, shape=None, keep=False, reset_less=False):
             r = Signal(shape if shape is not None else value.shape(), name=name,
-                       attrs={"keep": 1} if keep else {})
+                       attrs={"keep": 1} if keep else {}, reset_less=reset_less)
             m.d.sync += r.eq(value)
             return r
 
@@ -177,13 +177,14 @@ class BfpAccumulator(wiring.Component):
                 s = self.shift[t][i]
                 fine_amount = s[:_FINE_SHIFT_BITS] + lead % (1 << _FINE_SHIFT_BITS)
                 fine[t, i] = pipe(d << fine_amount[:_FINE_SHIFT_BITS], f"fine_s1_{t}_{i}",
-                                  fine_shape)
+                                  fine_shape, reset_less=True)
                 amount = (s + lead)[:amount_shape.width]
-                coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}")
-                clamped[t, i] = pipe(s < -lead, f"clamped_s1_{t}_{i}")
-                negative[t, i] = pipe(d[-1], f"negative_s1_{t}_{i}")
-                nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}")
-                p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape)
+                coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}",
+                                  reset_less=True)
+                clamped[t, i] = pipe(s < -lead, f"clamped_s1_{t}_{i}", reset_less=True)
+                negative[t, i] = pipe(d[-1], f"negative_s1_{t}_{i}", reset_less=True)
+                nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}", reset_less=True)
+                p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape, reset_less=True)
         side = {
             "valid": pipe(self.valid, "valid_s1"),
             "first": pipe(self.first, "first_s1"),
@@ -202,14 +203,14 @@ class BfpAccumulator(wiring.Component):
                 # which is -1 or 0 (d has dot_bits = lead + 1 bits): d's sign.
                 terms[t, i] = pipe(Mux(clamped[t, i], negative[t, i].replicate(c.acc_bits),
                                        wide[lead:]).as_signed(),
-                                   f"term_s2_{t}_{i}", signed(c.acc_bits))
-                nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}")
+                                   f"term_s2_{t}_{i}", signed(c.acc_bits), reset_less=True)
+                nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}", reset_less=True)
                 # Clamp p to 0..acc_bits-1 (p < 0 kept as a flag): the mask of places >= p
                 # is then a 7-bit thermometer decode.
                 pp = p[t, i]
-                pneg[t, i] = pipe(pp < 0, f"p_negative_s2_{t}_{i}")
+                pneg[t, i] = pipe(pp < 0, f"p_negative_s2_{t}_{i}", reset_less=True)
                 p[t, i] = pipe(Mux(pp < 0, 0, Mux(pp > c.acc_bits - 1, c.acc_bits - 1, pp)),
-                               f"p_clamped_s2_{t}_{i}", range(c.acc_bits))
+                               f"p_clamped_s2_{t}_{i}", range(c.acc_bits), reset_less=True)
         side = side_stage(side, "s2", final=self._prefix_stages == 0)
 
         # --- prefix sums over the engines (Sklansky), one register per level -----------
@@ -224,10 +225,12 @@ class BfpAccumulator(wiring.Component):
                         value = q[t, i] + q[src, i]
                     else:
                         value = q[t, i]
-                    nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits))
-                    nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}")
-                    p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}")
-                    pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}")
+                    nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits),
+                                    reset_less=True)
+                    nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}", reset_less=True)
+                    p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}", reset_less=True)
+                    pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}",
+                                      reset_less=True)
             q = nq
             side = side_stage(side, f"l{level}", final=level == self._prefix_stages - 1)
 
@@ -236,7 +239,7 @@ class BfpAccumulator(wiring.Component):
         acc = {}
         for t in range(tiles):
             for i in range(n):
-                acc[t, i] = Signal(signed(c.acc_bits), name=f"sum_{t}_{i}")
+                acc[t, i] = Signal(signed(c.acc_bits), name=f"sum_{t}_{i}", reset_less=True)
         check, mask_loop, pneg_loop = {}, {}, {}
         for i in range(n):
             base = Mux(first[i], 0, acc[tiles - 1, i])
@@ -250,10 +253,10 @@ class BfpAccumulator(wiring.Component):
                                    f"check_{t}_{i}")
                 # Which places are >= p, decoded beside the loop adder.
                 mask_loop[t, i] = [
-                    pipe(v, f"cross_{name}_{t}_{i}")
+                    pipe(v, f"cross_{name}_{t}_{i}", reset_less=True)
                     for name, v in zip(("above", "at", "low"),
                                        _check_decode(p[t, i], c.acc_bits - 1))]
-                pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}")
+                pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}", reset_less=True)
         m.d.sync += self.result_valid.eq(valid[0] & last)
         m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
 
@@ -275,7 +278,8 @@ class BfpAccumulator(wiring.Component):
                     bits = x[g * _CHECK_GROUP:(g + 1) * _CHECK_GROUP]
                     part_low = (bits & low[:len(bits)]).any()
                     groups.append((above[g] & bits.any()) | (at[g] & part_low))
-                part = pipe(Cat(*groups, pneg_loop[t, i] & sign), f"cross_part_{t}_{i}")
+                part = pipe(Cat(*groups, pneg_loop[t, i] & sign), f"cross_part_{t}_{i}",
+                            reset_less=True)
                 chk = pipe(check[t, i], f"check_c1_{t}_{i}")
                 flags.append(pipe(chk & part.any(), f"cross_flag_{t}_{i}"))
 

@@ -333,17 +333,17 @@ class DotProductEngine(wiring.Component):
                                           enable=Const(1, 1), name=f"mul{j}")
                 m.d.comb += p.eq(full)
             else:
-                p = Signal(signed(c.product_bits), name=f"product{j}")
+                p = Signal(signed(c.product_bits), name=f"product{j}", reset_less=True)
                 m.d.sync += p.eq(self.vector.mantissas[j] * self.weights.mantissas[j])
             # Stage 2: the product once more, beside the tree.
-            p2 = Signal(signed(c.product_bits), name=f"product{j}_s2")
+            p2 = Signal(signed(c.product_bits), name=f"product{j}_s2", reset_less=True)
             m.d.sync += p2.eq(p)
             values.append(p2)
-        shift = Signal(shift_shape(c), name="shift_s1")
+        shift = Signal(shift_shape(c), name="shift_s1", reset_less=True)
         m.d.sync += shift.eq(self.vector.exponent + self.weights.exponent - shift_offset(c))
         therm = Signal(c.dot_bits - 1, name="therm_s1")
         m.d.sync += therm.eq(self.therm)
-        shift2 = Signal(shift_shape(c), name="shift_s2")
+        shift2 = Signal(shift_shape(c), name="shift_s2", reset_less=True)
         therm2 = Signal(c.dot_bits - 1, name="therm_s2")
         m.d.sync += [shift2.eq(shift), therm2.eq(therm)]
         shift, therm = shift2, therm2
@@ -374,19 +374,21 @@ class DotProductEngine(wiring.Component):
                 values = [values[2 * j] + values[2 * j + 1] for j in range(len(values) // 2)]
                 if level < TREE_LEVELS_PER_STAGE - 1 and len(values) > 1:
                     for j, v in enumerate(values):
-                        r = Signal(v.shape(), name=f"inner_s{stage + first}_l{level}_{j}")
+                        r = Signal(v.shape(), name=f"inner_s{stage + first}_l{level}_{j}",
+                                   reset_less=True)
                         m.d.sync += r.eq(v)
                         inner.append(r)
                 elif level < TREE_LEVELS_PER_STAGE - 1:
                     break                         # the last sum: tested from its register
             regs = []
             for j, v in enumerate(values):
-                r = Signal(v.shape(), name=f"tree_s{stage + first}_{j}")
+                r = Signal(v.shape(), name=f"tree_s{stage + first}_{j}", reset_less=True)
                 m.d.sync += r.eq(v)
                 regs.append(r)
             values = regs
             flag_stage(stage, tested)
-            next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}")
+            next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}",
+                                reset_less=True)
             next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}")
             m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
             shift, therm = next_shift, next_therm
@@ -584,7 +586,7 @@ class TileEngine(wiring.Component):
                 value = r
             return value
         enable1 = delayed(self.enable, "enable", 1)
-        vblock = Signal(c.vector_block_bits, name="vector_block_c2")
+        vblock = Signal(c.vector_block_bits, name="vector_block_c2", reset_less=True)
         m.d.sync += vblock.eq(Mux(enable1, vrp.data, 0))
         therm3 = delayed(self.therm, "therm", 3)
         rb_clear2 = delayed(self.rb_clear, "rb_clear", 2)
@@ -614,7 +616,7 @@ class TileEngine(wiring.Component):
             word3 = Signal(block_layout(n, c.mantissa_bits_w), name=f"word{i}_c3")
             m.d.sync += word3.eq(word)
             vec = Signal(block_layout(n, c.mantissa_bits_v), name=f"vector{i}",
-                         attrs={"keep": 1})
+                         attrs={"keep": 1}, reset_less=True)
             vec_next = vblock
             m.d.sync += vec.eq(vec_next)
             words.append(word)
