@@ -137,6 +137,8 @@ class FixedToFp16(wiring.Component):
     accepted, and one vector is accepted every cycle. ``i_stream.ready`` depends
     combinationally on ``o_stream.ready`` (never the other way round); ``o_stream.valid``
     only on state, and the output payload is held while ``o_stream.ready`` is low.
+    Only the valid bits have a reset: the stages' data and the output payload have
+    none (a payload is meaningful only with ``o_stream.valid``).
 
     Parameters
     ----------
@@ -295,6 +297,8 @@ class FixedToFp16(wiring.Component):
         v2 = stage_valid(v1, "s2_valid")
         v3 = stage_valid(v2, "s3_valid")
 
+        # A reset on the payload register was ORed with its clear into one LUT per
+        # register, each a load of the reset's one net (docs/mvm.md section 6).
         out = Signal(self.o_stream.payload.shape(), name="out_payload", reset_less=True)
         m.d.comb += self.o_stream.payload.eq(out)
         with m.If(advance):

@@ -73,6 +73,11 @@ class BfpAccumulator(wiring.Component):
     ``result`` with ``result_valid`` high for exactly one cycle; the consumer must take
     them in that cycle (the MVM reserves room for every row block before computing it).
 
+    Only the control bits (``valid``, ``first``, ``last``, ``engines``), the check bits
+    and the count have a reset. The terms, prefix sums, accumulators, ``p`` and its
+    decode have none: ``valid`` and the check bits qualify them, and ``first`` starts
+    every row block from 0.
+
     Parameters
     ----------
     config : MvmConfig
@@ -146,6 +151,8 @@ class BfpAccumulator(wiring.Component):
         s_lo, s_hi = shift_range(c)
         p_shape = Shape.cast(range(s_lo - 1, (1 << NARROW_WIDTH_BITS) - 1 + s_hi))
 
+        # Data stages are reset-less: a register with both a reset and a clear (a Mux
+        # to 0) costs a LUT that ORs them, on the reset's one net (docs/mvm.md section 6).
         def pipe(value, name, shape=None, keep=False, reset_less=False):
             r = Signal(shape if shape is not None else value.shape(), name=name,
                        attrs={"keep": 1} if keep else {}, reset_less=reset_less)

@@ -181,6 +181,12 @@ class DotProductEngine(wiring.Component):
     that does not take part in a product is fed as an all-zero vector, which makes every
     value 0, and 0 fits any ``k >= 1``: no valid bit is needed to keep the count exact.
 
+    **Reset.** The data registers (products, tree sums, ``shift``) have no reset; the
+    caller qualifies ``dot`` and ``shift`` with valid bits of its own. The thermometer's
+    registers, the fit-test flags and the counts have one, so a value loaded before a
+    reset travels with the reset thermometer (0: every value fits) and ``narrow`` counts
+    nothing for it. At power-on every register holds its initial value, 0.
+
     **DSP blocks.** Elaborated for an ECP5 (:func:`hw.dsp.has_ecp5_dsp`), the products
     of lanes ``0 .. dsp_lanes - 1`` are each a MULT18X18D (:func:`hw.dsp.registered_product`)
     whose input registers stand for the caller's registers of ``weights`` and ``vector``
@@ -439,7 +445,10 @@ class TileEngine(wiring.Component):
     tile past ``C`` or no compute read at all), so the product and its narrow events are
     zero. The memories have no read enable: a read enable would be one net from the
     sequencer to every block RAM of the MRF, across the die, and a read that no compute
-    uses is harmless (``enable`` masks it).
+    uses is harmless (``enable`` masks it). The vector block's registers have no reset
+    (``enable``'s have): a reset ORed with the mask into one LUT per register, on the
+    reset's one net, was what kept the bench's T = 2 build from routing
+    (``docs/mvm.md`` section 11).
 
     The memories have no read/write collision logic: the MVM never uses a read of an MRF
     memory (or of a vector-buffer half) taken in a cycle that writes it.
