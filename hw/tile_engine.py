@@ -25,6 +25,7 @@ from host.formats import E8M0_BIAS, block_layout, check_int
 from .dsp import (
     DSP_WIDTH, has_ecp5_dsp, pair_fits, registered_product, registered_product_pair,
 )
+from .ram import READ_COLLISION_UNUSED
 
 __all__ = [
     "DotProductEngine", "TileEngine", "check_dsp_options", "shift_offset", "shift_range",
@@ -451,7 +452,9 @@ class TileEngine(wiring.Component):
     (``docs/mvm.md`` section 11).
 
     The memories have no read/write collision logic: the MVM never uses a read of an MRF
-    memory (or of a vector-buffer half) taken in a cycle that writes it.
+    memory (or of a vector-buffer half) taken in a cycle that writes it. They carry
+    :data:`hw.ram.READ_COLLISION_UNUSED`, so that synthesis for a block RAM adds none
+    either.
 
     Parameters
     ----------
@@ -569,7 +572,8 @@ class TileEngine(wiring.Component):
         n = c.n
 
         # Vector-buffer bank: two halves of 2**ceil(log2(G_max)) blocks.
-        vbuf = Memory(shape=c.vector_block_bits, depth=2 << self.vbuf_half_bits(c), init=[])
+        vbuf = Memory(shape=c.vector_block_bits, depth=2 << self.vbuf_half_bits(c), init=[],
+                      attrs=READ_COLLISION_UNUSED)
         m.submodules.vbuf = vbuf
         vwp = vbuf.write_port()
         vrp = vbuf.read_port(domain="sync", transparent_for=())
@@ -605,7 +609,8 @@ class TileEngine(wiring.Component):
         dpes = []
         narrows = []
         for i in range(n):
-            mem = Memory(shape=c.weight_block_bits, depth=c.mrf_depth, init=[])
+            mem = Memory(shape=c.weight_block_bits, depth=c.mrf_depth, init=[],
+                         attrs=READ_COLLISION_UNUSED)
             m.submodules[f"mrf{i}"] = mem
             wp = mem.write_port()
             rp = mem.read_port(domain="sync", transparent_for=())

