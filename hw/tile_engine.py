@@ -348,10 +348,15 @@ class DotProductEngine(wiring.Component):
             values.append(p2)
         shift = Signal(shift_shape(c), name="shift_s1", reset_less=True)
         m.d.sync += shift.eq(self.vector.exponent + self.weights.exponent - shift_offset(c))
-        therm = Signal(c.dot_bits - 1, name="therm_s1")
+        # The thermometer is the same in every engine, and Yosys merged these registers
+        # across all of them: one register then drove the fit tests of engines across
+        # the die (the routed critical path of the T = 2 build at seed 3, docs/mvm.md
+        # section 11). Kept, each engine has its own beside its tests.
+        keep = {"keep": 1}
+        therm = Signal(c.dot_bits - 1, name="therm_s1", attrs=keep)
         m.d.sync += therm.eq(self.therm)
         shift2 = Signal(shift_shape(c), name="shift_s2", reset_less=True)
-        therm2 = Signal(c.dot_bits - 1, name="therm_s2")
+        therm2 = Signal(c.dot_bits - 1, name="therm_s2", attrs=keep)
         m.d.sync += [shift2.eq(shift), therm2.eq(therm)]
         shift, therm = shift2, therm2
 
@@ -396,7 +401,7 @@ class DotProductEngine(wiring.Component):
             flag_stage(stage, tested)
             next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}",
                                 reset_less=True)
-            next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}")
+            next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}", attrs=keep)
             m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
             shift, therm = next_shift, next_therm
         flag_stage(self._tree_stages, values + inner)     # the dot product, the last inner sums
