@@ -46,7 +46,8 @@ def run():
     c = CONFIG
     seed = bench_seed()
     # keep_flops: the register copies the design keeps apart on purpose (each DPE's
-    # vector block, the accumulator's per-row control bits) stay apart in synthesis.
+    # vector block and fit thermometer, the accumulator's per-row control bits) stay
+    # apart in synthesis.
     # global_reset: the reset of 32,000 flip-flops goes on a global line, not on the
     # general routing that the T = 2 build needs all of (docs/mvm.md section 11).
     result = place_and_route(Mvm(c, dsp_lanes=DSP_LANES), name="mvm",
