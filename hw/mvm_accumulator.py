@@ -153,9 +153,10 @@ class BfpAccumulator(wiring.Component):
 
         # Data stages are reset-less: a register with both a reset and a clear (a Mux
         # to 0) costs a LUT that ORs them, on the reset's one net (docs/mvm.md section 6).
-        def pipe(value, name, shape=None, keep=False, reset_less=False):
+        # Only the control bits, the check bits and the count take `control`: a reset.
+        def pipe(value, name, shape=None, keep=False, control=False):
             r = Signal(shape if shape is not None else value.shape(), name=name,
-                       attrs={"keep": 1} if keep else {}, reset_less=reset_less)
+                       attrs={"keep": 1} if keep else {}, reset_less=not control)
             m.d.sync += r.eq(value)
             return r
 
@@ -168,9 +169,10 @@ class BfpAccumulator(wiring.Component):
             out = {}
             for k, v in side.items():
                 if final and k in ("valid", "first"):
-                    out[k] = [pipe(v, f"{k}_{suffix}_row{i}", keep=True) for i in range(n)]
+                    out[k] = [pipe(v, f"{k}_{suffix}_row{i}", keep=True, control=True)
+                              for i in range(n)]
                 else:
-                    out[k] = pipe(v, f"{k}_{suffix}")
+                    out[k] = pipe(v, f"{k}_{suffix}", control=True)
             return out
 
         # --- stage 1: fine shift, clamp flag, non-zero test, p -------------------------
@@ -184,19 +186,18 @@ class BfpAccumulator(wiring.Component):
                 s = self.shift[t][i]
                 fine_amount = s[:_FINE_SHIFT_BITS] + lead % (1 << _FINE_SHIFT_BITS)
                 fine[t, i] = pipe(d << fine_amount[:_FINE_SHIFT_BITS], f"fine_s1_{t}_{i}",
-                                  fine_shape, reset_less=True)
+                                  fine_shape)
                 amount = (s + lead)[:amount_shape.width]
-                coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}",
-                                  reset_less=True)
-                clamped[t, i] = pipe(s < -lead, f"clamped_s1_{t}_{i}", reset_less=True)
-                negative[t, i] = pipe(d[-1], f"negative_s1_{t}_{i}", reset_less=True)
-                nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}", reset_less=True)
-                p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape, reset_less=True)
+                coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}")
+                clamped[t, i] = pipe(s < -lead, f"clamped_s1_{t}_{i}")
+                negative[t, i] = pipe(d[-1], f"negative_s1_{t}_{i}")
+                nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}")
+                p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape)
         side = {
-            "valid": pipe(self.valid, "valid_s1"),
-            "first": pipe(self.first, "first_s1"),
-            "last": pipe(self.last, "last_s1"),
-            "engines": pipe(self.engines, "engines_s1"),
+            "valid": pipe(self.valid, "valid_s1", control=True),
+            "first": pipe(self.first, "first_s1", control=True),
+            "last": pipe(self.last, "last_s1", control=True),
+            "engines": pipe(self.engines, "engines_s1", control=True),
         }
 
         # --- stage 2: coarse shift by multiples of 8, drop the low bits (floor) ---------
@@ -210,14 +211,14 @@ class BfpAccumulator(wiring.Component):
                 # which is -1 or 0 (d has dot_bits = lead + 1 bits): d's sign.
                 terms[t, i] = pipe(Mux(clamped[t, i], negative[t, i].replicate(c.acc_bits),
                                        wide[lead:]).as_signed(),
-                                   f"term_s2_{t}_{i}", signed(c.acc_bits), reset_less=True)
-                nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}", reset_less=True)
+                                   f"term_s2_{t}_{i}", signed(c.acc_bits))
+                nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}")
                 # Clamp p to 0..acc_bits-1 (p < 0 kept as a flag): the mask of places >= p
                 # is then a 7-bit thermometer decode.
                 pp = p[t, i]
-                pneg[t, i] = pipe(pp < 0, f"p_negative_s2_{t}_{i}", reset_less=True)
+                pneg[t, i] = pipe(pp < 0, f"p_negative_s2_{t}_{i}")
                 p[t, i] = pipe(Mux(pp < 0, 0, Mux(pp > c.acc_bits - 1, c.acc_bits - 1, pp)),
-                               f"p_clamped_s2_{t}_{i}", range(c.acc_bits), reset_less=True)
+                               f"p_clamped_s2_{t}_{i}", range(c.acc_bits))
         side = side_stage(side, "s2", final=self._prefix_stages == 0)
 
         # --- prefix sums over the engines (Sklansky), one register per level -----------
@@ -232,12 +233,10 @@ class BfpAccumulator(wiring.Component):
                         value = q[t, i] + q[src, i]
                     else:
                         value = q[t, i]
-                    nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits),
-                                    reset_less=True)
-                    nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}", reset_less=True)
-                    p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}", reset_less=True)
-                    pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}",
-                                      reset_less=True)
+                    nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits))
+                    nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}")
+                    p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}")
+                    pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}")
             q = nq
             side = side_stage(side, f"l{level}", final=level == self._prefix_stages - 1)
 
@@ -257,13 +256,13 @@ class BfpAccumulator(wiring.Component):
                 # Tile c = g*T + t exists, is not c = 0, and has a non-zero product.
                 is_c0 = first[i] if t == 0 else Const(0, 1)
                 check[t, i] = pipe(valid[i] & engines[t] & nz[t, i] & ~is_c0,
-                                   f"check_{t}_{i}")
+                                   f"check_{t}_{i}", control=True)
                 # Which places are >= p, decoded beside the loop adder.
                 mask_loop[t, i] = [
-                    pipe(v, f"cross_{name}_{t}_{i}", reset_less=True)
+                    pipe(v, f"cross_{name}_{t}_{i}")
                     for name, v in zip(("above", "at", "low"),
                                        _check_decode(p[t, i], c.acc_bits - 1))]
-                pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}", reset_less=True)
+                pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}")
         m.d.sync += self.result_valid.eq(valid[0] & last)
         m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
 
@@ -285,10 +284,9 @@ class BfpAccumulator(wiring.Component):
                     bits = x[g * _CHECK_GROUP:(g + 1) * _CHECK_GROUP]
                     part_low = (bits & low[:len(bits)]).any()
                     groups.append((above[g] & bits.any()) | (at[g] & part_low))
-                part = pipe(Cat(*groups, pneg_loop[t, i] & sign), f"cross_part_{t}_{i}",
-                            reset_less=True)
-                chk = pipe(check[t, i], f"check_c1_{t}_{i}")
-                flags.append(pipe(chk & part.any(), f"cross_flag_{t}_{i}"))
+                part = pipe(Cat(*groups, pneg_loop[t, i] & sign), f"cross_part_{t}_{i}")
+                chk = pipe(check[t, i], f"check_c1_{t}_{i}", control=True)
+                flags.append(pipe(chk & part.any(), f"cross_flag_{t}_{i}", control=True))
 
         total, stages = pipelined_sum(m, flags, "cross_count")
         assert stages == self._count_stages
