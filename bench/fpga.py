@@ -21,7 +21,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.dsp import ECP5_TARGET
-from hw.ram import READ_COLLISION_UNUSED
+from hw.ram import yosys_collision_commands
 
 __all__ = [
     "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
@@ -294,11 +294,6 @@ def _reset_logic_off_global(netlist):
     return moved
 
 
-#: Read and write ports of a memory marked :data:`hw.ram.READ_COLLISION_UNUSED` that the
-#: flow handles, each (Yosys's mask is as wide as their product).
-_MAX_MARKED_PORTS = 4
-
-
 def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitives=False):
     lines = [f"read_rtlil {name}.il"]
     if primitives:
@@ -336,18 +331,12 @@ def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitive
         ]
     synth = f"synth_ecp5 -top {name} {' '.join(yosys_args)} -json {name}.json"
     synth = synth.replace("  ", " ")
-    (collision_attr,) = READ_COLLISION_UNUSED
     lines += [
         # Between memory_collect (in `coarse`) and memory_libmap (`map_ram`): a memory
         # whose reads in a cycle that writes the same word are never used has them
-        # undefined, so that no logic keeps their Amaranth result (hw.ram). The mask has
-        # a bit per (read port, write port) pair and must be exactly that wide.
+        # undefined, so that no logic keeps their Amaranth result (hw.ram).
         f"{synth} -run begin:map_ram",
-        *[f"setparam -set RD_COLLISION_X_MASK {rd * wr}'b{'1' * (rd * wr)} "
-          f"t:$mem_v2 a:{collision_attr} %i r:RD_PORTS={rd} %i r:WR_PORTS={wr} %i"
-          for rd in range(1, _MAX_MARKED_PORTS + 1) for wr in range(1, _MAX_MARKED_PORTS + 1)],
-        *[f"select -assert-none t:$mem_v2 a:{collision_attr} %i r:{ports}>{_MAX_MARKED_PORTS} %i"
-          for ports in ("RD_PORTS", "WR_PORTS")],
+        *yosys_collision_commands(),
         f"{synth} -run map_ram:",
         "tee -q -o synth_stat.json stat -json",
     ]

