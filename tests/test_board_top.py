@@ -21,25 +21,26 @@ def _plan(config, baud=1_000_000):
                                               **build_overrides("npu"))
 
 
+def _small_config():
+    """A small NPU (one unary function, short memories): quick to elaborate."""
+    return NpuConfig(n=4, tiles=1, mrf_depth=16, max_col_tiles=4, ivrf_depth=16,
+                     vrf_depth=16, netq_depth=16, program_depth=16, max_length=2,
+                     unary_ops=["relu"])
+
+
 def _text(data):
     return data if isinstance(data, str) else data.decode()
 
 
 def test_ulx3s_top_prepares():
-    config = NpuConfig(n=4, tiles=1, mrf_depth=16, max_col_tiles=4, ivrf_depth=16,
-                       vrf_depth=16, netq_depth=16, program_depth=16, max_length=2,
-                       unary_ops=["relu"])
-    plan = _plan(config)
-    files = plan.files
+    files = _plan(_small_config()).files
     assert {"npu.il", "npu.lpf", "build_npu.sh"} <= set(files)
-    lpf = files["npu.lpf"]
-    lpf = lpf if isinstance(lpf, str) else lpf.decode()
+    lpf = _text(files["npu.lpf"])
     # FTDI UART: the FPGA receives on M1 and sends on L4; the clock is G2 at 25 MHz.
     for site in ('"M1"', '"L4"', '"G2"'):
         assert site in lpf, f"{site} missing from the pin constraints:\n{lpf}"
     assert "FREQUENCY PORT" in lpf and "25000000" in lpf.replace(".0", "")
-    il = files["npu.il"]
-    il = il if isinstance(il, str) else il.decode()
+    il = _text(files["npu.il"])
     # The MFUs' MUL units are MULT18X18D instances with their own registers on an ECP5.
     assert "cell \\MULT18X18D " in il
 
@@ -49,10 +50,7 @@ def test_ulx3s_build_leaves_marked_collisions_undefined():
     (after ``memory_collect``, before ``memory_libmap``), on a design that has marked
     memories (what the commands do is ``tests/test_fpga_flow.py``'s)."""
     from hw.ram import READ_COLLISION_UNUSED, yosys_collision_commands
-    config = NpuConfig(n=4, tiles=1, mrf_depth=16, max_col_tiles=4, ivrf_depth=16,
-                       vrf_depth=16, netq_depth=16, program_depth=16, max_length=2,
-                       unary_ops=["relu"])
-    files = _plan(config).files
+    files = _plan(_small_config()).files
     (attr,) = READ_COLLISION_UNUSED
     assert f"attribute \\{attr} 1" in _text(files["npu.il"])
     script = [line.strip() for line in _text(files["npu.ys"]).splitlines() if line.strip()]
