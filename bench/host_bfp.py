@@ -11,8 +11,7 @@ import platform
 import numpy as np
 
 from bench import best_time, record
-from host import bfp
-
+from host.numerics import bfp
 SHAPE = (4096, 4096)            # 64 MiB of float32
 BLOCK_SIZE = 16
 MANTISSA_BITS = (4, 8)

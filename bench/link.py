@@ -2,12 +2,12 @@
 
 * Framing + packing: a batch of FP32 inputs (16 MiB) is rounded to FP16 (nearest-even),
   laid out as native vectors and cut into PUSH_INPUT frames (header, CRC-16 header check,
-  CRC-32 of each payload), exactly as ``host.device`` does before sending; MB is 10^6
+  CRC-32 of each payload), exactly as ``host.runtime.device`` does before sending; MB is 10^6
   bytes of FP32 input. The baseline is a plain ``bytes`` copy of the same array in the
   same process (memory speed on this machine); the ratio says how far the host side of
   the link is from it. The receive side (``FrameDecoder.feed`` over the framed batch) is
   measured too, in MB of frame bytes.
-* Jobs per second: an LSTM from ``host.programs`` (X = 12, H = 10, 3 steps) on the small
+* Jobs per second: an LSTM from ``host.compiler.programs`` (X = 12, H = 10, 3 steps) on the small
   board ``sim.board.SMALL_CONFIG`` (N = 8, T = 1) streamed through the reference model,
   in process and through a pseudo-terminal serial link (the model's execution dominates
   both), and through the simulated board ("simulated board inferences per second":
@@ -25,8 +25,7 @@ import time
 import numpy as np
 
 from bench import best_time, record
-from host import protocol as p
-
+from host.spec import protocol as p
 BATCH = (16384, 16, 16)          # jobs x vectors x n: 16 MiB of FP32
 N = BATCH[2]
 REPEATS = 5
@@ -45,11 +44,11 @@ def frame_inputs(x: np.ndarray) -> list[bytes]:
 
 
 def _lstm_jobs_per_second(kind: str, jobs: int = LSTM_JOBS) -> float:
-    from host.device import Device, NetworkImage
-    from host.model import NpuModel
-    from host.programs import lstm_sequence, native
-    from host.server import ProtocolServer, PtyServer
-    from host.transport import ModelTransport, SerialTransport
+    from host.runtime.device import Device, NetworkImage
+    from host.model.core import NpuModel
+    from host.compiler.programs import lstm_sequence, native
+    from host.runtime.server import ProtocolServer, PtyServer
+    from host.runtime.transport import ModelTransport, SerialTransport
     from sim.board import SMALL_CONFIG as cfg
 
     rng = np.random.default_rng(0)

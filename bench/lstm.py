@@ -1,11 +1,11 @@
 """LSTM utilization of the NPU core: RTL cycles per step under Verilator (issue 5).
 
 An LSTM with input and hidden size 256, batch 1, :data:`STEPS` steps
-(:func:`host.programs.lstm_sequence`) on an N = 16, T = 2 build of
-:class:`hw.npu.NpuCore` whose memories are the smallest that hold the program
+(:func:`host.compiler.programs.lstm_sequence`) on an N = 16, T = 2 build of
+:class:`hw.core.npu.NpuCore` whose memories are the smallest that hold the program
 (:func:`lstm_config`). The cocotb bench ``sim/test_npu_lstm.py`` loads the image through
 the core's host write ports, runs it, checks every output bit for bit against
-:class:`host.model.NpuModel` and stamps the cycle each step's ``h`` leaves the output
+:class:`host.model.core.NpuModel` and stamps the cycle each step's ``h`` leaves the output
 queue. Records (``docs/npu.md`` section 4):
 
 * ``lstm cycles per step``: steady state, ``(h[steps-2] - h[0]) / (steps - 2)`` cycles
@@ -15,10 +15,10 @@ queue. Records (``docs/npu.md`` section 4):
   products of the eight gate matrices, no padding), over ``T*N*N`` MACs per cycle times
   the cycles per step, percent;
 * ``lstm cycles``: RTL cycles of the whole run (``run`` to ``done``, the core's counter);
-* ``lstm predicted cycles``: :class:`host.model.NpuModel`'s prediction of the same run;
+* ``lstm predicted cycles``: :class:`host.model.core.NpuModel`'s prediction of the same run;
 * ``lstm prediction error``: ``(predicted - cycles) / cycles``, percent;
 * ``npu n8t1 <program> prediction error``: the same for the other programs of
-  :mod:`host.programs` on the ``n8t1`` build of ``tests/test_npu_hw.py``
+  :mod:`host.compiler.programs` on the ``n8t1`` build of ``tests/test_npu_hw.py``
   (:func:`timing_programs`).
 
 Run time: the Verilator build of the N = 16 core takes about 25 minutes at ``-O0`` on a
@@ -33,7 +33,7 @@ import os
 import tempfile
 import time
 
-from host.config import NpuConfig
+from host.spec.config import NpuConfig
 
 __all__ = ["INPUT", "HIDDEN", "STEPS", "N", "TILES", "lstm_config", "run"]
 
@@ -45,7 +45,7 @@ SEED = 1
 
 def lstm_config(n: int = N, tiles: int = TILES, x_len: int = INPUT, h_len: int = HIDDEN,
                 steps: int = STEPS) -> NpuConfig:
-    """The smallest core build that runs :func:`host.programs.lstm_sequence`.
+    """The smallest core build that runs :func:`host.compiler.programs.lstm_sequence`.
 
     Sizes are in elements (``x_len``, ``h_len``) and time steps; every depth is derived
     from the placement ``lstm_sequence`` makes: the MRF holds the four ``W`` (``H x X``)
@@ -57,9 +57,9 @@ def lstm_config(n: int = N, tiles: int = TILES, x_len: int = INPUT, h_len: int =
     Raises
     ------
     TypeError, ValueError
-        from :class:`host.config.NpuConfig` when a size is out of range.
+        from :class:`host.spec.config.NpuConfig` when a size is out of range.
     """
-    from host.programs import lstm_sequence
+    from host.compiler.programs import lstm_sequence
     import numpy as np
 
     xt, ht = -(-x_len // n), -(-h_len // n)
@@ -98,7 +98,7 @@ def simulate(cfg: NpuConfig, *, x_len: int, h_len: int, steps: int, seed: int = 
     AssertionError
         when the RTL differs from the model (the cocotb test fails).
     """
-    from hw.npu import NpuCore
+    from hw.core.npu import NpuCore
     from sim.runner import run_cocotb
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,13 +129,13 @@ def _test_build(name: str) -> NpuConfig:
 
 def timing_programs(build: str = "n8t1", *, x_len: int = 21, h_len: int = 13,
                     seed: int = SEED) -> dict:
-    """RTL and predicted cycles of the other :mod:`host.programs` programs (MLP, LSTM step,
+    """RTL and predicted cycles of the other :mod:`host.compiler.programs` programs (MLP, LSTM step,
     GRU step, convolutions, softmax head) on build ``build`` of ``tests/test_npu_hw.py``,
     bit-exact against the model (``sim/test_npu_lstm.py:timing_programs``).
 
     Returns ``{program: {"cycles", "predicted", "chains"}}``.
     """
-    from hw.npu import NpuCore
+    from hw.core.npu import NpuCore
     from sim.runner import run_cocotb
 
     cfg = _test_build(build)
@@ -158,7 +158,7 @@ def run():
     h = m["h_cycles"]
     per_step = (h[-2] - h[0]) / (len(h) - 2)
     macs = 4 * (HIDDEN * INPUT + HIDDEN * HIDDEN)
-    config = {"design": "hw.npu.NpuCore", "n": cfg.n, "tiles": cfg.tiles,
+    config = {"design": "hw.core.npu.NpuCore", "n": cfg.n, "tiles": cfg.tiles,
               "mrf_depth": cfg.mrf_depth, "input": INPUT, "hidden": HIDDEN,
               "steps": STEPS, "batch": 1, "simulator": "verilator", "opt_fast": "-O0",
               "useful_macs_per_step": macs}
@@ -177,7 +177,7 @@ def run():
     ] + [
         {"name": f"npu n8t1 {what} prediction error",
          "value": round(100 * (t["predicted"] - t["cycles"]) / t["cycles"], 1), "unit": "%",
-         "config": {"design": "hw.npu.NpuCore", "build": "n8t1", "simulator": "verilator",
+         "config": {"design": "hw.core.npu.NpuCore", "build": "n8t1", "simulator": "verilator",
                     "cycles": t["cycles"], "predicted": t["predicted"],
                     "instances": t["chains"]}}
         for what, t in timing_programs().items()

@@ -1,13 +1,13 @@
 """Place and route of one multifunction unit on the ULX3S's ECP5 (LFE5U-85F).
 
-One :class:`hw.mfu.Mfu` (four units, crossbar, AddSubVrf and MulVrf, counters) at
+One :class:`hw.mfu.mfu.Mfu` (four units, crossbar, AddSubVrf and MulVrf, counters) at
 N = 16 with every unary function (:data:`CONFIG`), measured with
 :func:`bench.fpga.place_and_route` (flow defaults, ``docs/fpga-flow.md``).
 ``python -m bench mfu``; the build folder is ``build/fpga/mfu/`` (``nextpnr.log`` has
 the critical path). ``docs/mfu.md`` section 10 has the figures.
 """
 
-from host.mfu import MfuConfig
+from host.spec.mfu import MfuConfig
 
 from bench.fpga import bench_build_dir, bench_seed, place_and_route, pnr_records
 
@@ -26,7 +26,7 @@ TARGET_MHZ = 100.0
 
 def run():
     """Benchmark records: place and route of one MFU (N = 16, all unary ops, VRFs 512 deep)."""
-    from hw.mfu import Mfu
+    from hw.mfu.mfu import Mfu
 
     c = CONFIG
     seed = bench_seed()
@@ -35,7 +35,7 @@ def run():
                              seed=seed, target_mhz=TARGET_MHZ, timeout=3 * 3600.0,
                              # the units' per-lane register copies (docs/mfu.md, 10)
                              keep_flops=True)
-    config = {"design": "hw.mfu.Mfu", "n": c.n, "vrf_depth": c.vrf_depth,
+    config = {"design": "hw.mfu.mfu.Mfu", "n": c.n, "vrf_depth": c.vrf_depth,
               "max_length": c.max_length, "unary_ops": [op.name.lower() for op in c.unary_ops],
               "counter_bits": c.counter_bits}
     return pnr_records("mfu", result, config)

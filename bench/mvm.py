@@ -1,13 +1,13 @@
 """Place and route of the matrix-vector multiplier on the ULX3S's ECP5 (LFE5U-85F).
 
-The issue-3 build: ``hw.mvm.Mvm`` at N = 16, T = 2, m_v = m_w = 4 (:data:`CONFIG`),
+The issue-3 build: ``hw.mvm.mvm.Mvm`` at N = 16, T = 2, m_v = m_w = 4 (:data:`CONFIG`),
 measured with :func:`bench.fpga.place_and_route` (flow defaults, ``docs/fpga-flow.md``).
 ``python -m bench mvm`` (``make bench ARGS=mvm``, ``PNR_SEED=k`` for another seed); the
 build folder is ``build/fpga/mvm/`` (``nextpnr.log`` has the critical path).
 ``docs/mvm.md`` section 11 has the figures.
 """
 
-from host.config import MvmConfig
+from host.spec.config import MvmConfig
 
 from bench.fpga import bench_build_dir, bench_seed, place_and_route, pnr_records
 
@@ -41,7 +41,7 @@ TOOL_TIMEOUT_S = 4 * 3600.0
 
 def run():
     """Benchmark records: place and route of the MVM (N = 16, T = 2, m = 4/4), MACs/cycle, GOP/s."""
-    from hw.mvm import Mvm
+    from hw.mvm.mvm import Mvm
 
     c = CONFIG
     seed = bench_seed()
@@ -54,7 +54,7 @@ def run():
                              build_dir=bench_build_dir("mvm", seed), seed=seed,
                              target_mhz=TARGET_MHZ, timeout=TOOL_TIMEOUT_S,
                              keep_flops=True, global_reset=True)
-    config = {"design": "hw.mvm.Mvm", "n": c.n, "tiles": c.tiles, "keep_flops": True,
+    config = {"design": "hw.mvm.mvm.Mvm", "n": c.n, "tiles": c.tiles, "keep_flops": True,
               "global_reset": True,
               "mantissa_bits_v": c.mantissa_bits_v, "mantissa_bits_w": c.mantissa_bits_w,
               "mrf_depth": c.mrf_depth, "max_col_tiles": c.max_col_tiles,

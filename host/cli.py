@@ -36,7 +36,7 @@ class _UsageError(Exception):
 def _common(defaults: bool) -> argparse.ArgumentParser:
     """The options every command takes, before or after the command's name. The
     sub-commands' copies default to SUPPRESS, so they only override what was given."""
-    from .transport import DEVICE_CHOICES
+    from host.runtime.transport import DEVICE_CHOICES
     common = argparse.ArgumentParser(add_help=False)
     keep = {} if defaults else {"default": argparse.SUPPRESS}
     common.add_argument("--device", **({"default": os.environ.get("NPU_DEVICE", "model")}
@@ -109,7 +109,7 @@ def _counters(dev, args) -> None:
 
 
 def _run(dev, args) -> None:
-    from .device import NetworkImage
+    from host.runtime.device import NetworkImage
     try:
         image = NetworkImage.load(args.image)
     except (OSError, ValueError) as exc:
@@ -143,8 +143,8 @@ def _run(dev, args) -> None:
 def main(argv=None) -> int:
     """Run the ``npu`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit
     status."""
-    from .device import Device, DeviceError
-    from .transport import TransportError, connect
+    from host.runtime.device import Device, DeviceError
+    from host.runtime.transport import TransportError, connect
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """Amaranth gateware of the BFP NPU.
 
-Every width and layout comes from ``host`` (``host.formats``, ``host.config``), so the
+Every width and layout comes from ``host`` (``host.spec.formats``, ``host.spec.config``), so the
 gateware, the reference model and the host agree by construction.
 """

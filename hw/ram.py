@@ -10,7 +10,7 @@ put the sequencer's read address, compared with the write address, on the routed
 critical path (``docs/mvm.md`` section 11).
 
 A memory whose design never uses such a read says so with :data:`READ_COLLISION_UNUSED`
-in its ``attrs``; the flows (:mod:`bench.fpga`, ``make bitstream`` in :mod:`hw.board`)
+in its ``attrs``; the flows (:mod:`bench.fpga`, ``make bitstream`` in :mod:`hw.board.board`)
 then run :func:`yosys_collision_commands` inside ``synth_ecp5``, which lets Yosys leave
 the read undefined (its ``RD_COLLISION_X_MASK``), as the block RAM gives it with no logic.
 The simulated design is unchanged: a test that used such a read would still see the old

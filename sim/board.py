@@ -1,18 +1,18 @@
-"""The simulated board: ``hw.board.SimBoard`` under an HDL simulator behind a socket.
+"""The simulated board: ``hw.board.board.SimBoard`` under an HDL simulator behind a socket.
 
 Two halves in one module:
 
-* :class:`SimTransport`, a ``host.transport.Transport``: it listens on a Unix socket,
+* :class:`SimTransport`, a ``host.runtime.transport.Transport``: it listens on a Unix socket,
   starts ``python -m sim.board`` in a subprocess (which builds the board with
   ``sim.runner.run_cocotb``, cached per build, and runs this module's cocotb test
   :func:`serve`) and carries the protocol's bytes over the socket.
-  ``host.transport.connect("sim[:KEY=VALUE,...]")`` imports it lazily, so ``host``
+  ``host.runtime.transport.connect("sim[:KEY=VALUE,...]")`` imports it lazily, so ``host``
   keeps not importing ``sim`` (``docs/link-hw.md``, section "simulated board").
 * :func:`serve`, the cocotb side: bytes from the socket go into the board's ``rx``
   stream, bytes from ``tx`` go back. Simulated time only advances while there is work
   (bytes to take, a request executing, a reply going out); when the board waits for
   bytes the bridge blocks on the socket instead. If the board holds part of a frame and
-  nothing arrives for ``host.protocol.TRUNCATE_TIMEOUT`` of wall time, the bridge runs
+  nothing arrives for ``host.spec.protocol.TRUNCATE_TIMEOUT`` of wall time, the bridge runs
   the clock past the board's truncation timeout, so a half-sent frame is answered
   TRUNCATED as a board on a serial line answers it.
 
@@ -33,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from host.config import NpuConfig
-from host.protocol import TRUNCATE_TIMEOUT
-from host.transport import Transport, TransportError
+from host.spec.config import NpuConfig
+from host.spec.protocol import TRUNCATE_TIMEOUT
+from host.runtime.transport import Transport, TransportError
 
 __all__ = ["SimTransport", "serve", "SIM_TRUNCATE_CYCLES", "board_name", "run_board",
            "FAST_BUILD_FLAGS", "SMALL_CONFIG"]
@@ -79,7 +79,7 @@ def run_board(config: NpuConfig, *, test_module: str, simulator: str = "verilato
 
     Raises what :func:`sim.runner.run_cocotb` raises.
     """
-    from hw.board import SimBoard
+    from hw.board.board import SimBoard
     from sim.runner import run_cocotb
 
     flags = os.environ.get("MAKEFLAGS", "")

@@ -41,7 +41,7 @@ BUILD_ROOT = REPO_ROOT / "build" / "sim"
 SIMULATORS = ("verilator", "icarus")
 
 #: Simulation models of the ECP5 primitives that a design elaborated for the ECP5
-#: instantiates (``hw.dsp``); pass them as ``extra_sources`` with that platform.
+#: instantiates (``hw.arith.dsp``); pass them as ``extra_sources`` with that platform.
 ECP5_MODELS = (REPO_ROOT / "sim" / "models" / "MULT18X18D.v",)
 
 # Amaranth's Verilog trips Verilator's width lint (see SPEC section 7). These are build
@@ -329,7 +329,7 @@ def run_cocotb(
         seed: cocotb random seed (``COCOTB_RANDOM_SEED``).
         waves: record waveforms; default ``$WAVES == 1``. Changing it rebuilds.
         platform: the elaboration platform (default ``None``); e.g.
-            ``hw.dsp.ECP5_TARGET`` elaborates the ECP5 form of the design, whose vendor
+            ``hw.arith.dsp.ECP5_TARGET`` elaborates the ECP5 form of the design, whose vendor
             primitives then need models in ``extra_sources``.
         extra_sources: Verilog files compiled with the design (simulation models of
             the primitives it instantiates); their text is part of the build key.

@@ -1,6 +1,6 @@
 """cocotb bench of ``tests/test_dsp_hw.py::PairProduct``: two products on one MULT18X18D.
 
-``hw.dsp.registered_product_pair`` packs ``b1`` and ``b2`` into one DSP operand and
+``hw.arith.dsp.registered_product_pair`` packs ``b1`` and ``b2`` into one DSP operand and
 unpacks ``a*b1`` and ``a*b2`` from one product (``docs/dsp.md``). The bench offers every
 combination of the operands' values (``PAIR_A_BITS``, ``PAIR_B_BITS``, signed) one per
 cycle, or ``PAIR_COUNT`` random ones, and checks both products of each two edges later

@@ -1,4 +1,4 @@
-"""cocotb bench for :class:`hw.fp16_arith.Fp16Binary` (``tests/test_fp16_arith_hw.py``).
+"""cocotb bench for :class:`hw.arith.fp16_arith.Fp16Binary` (``tests/test_fp16_arith_hw.py``).
 
 Every vector carries one operation for all its lanes; vectors of different operations
 are interleaved, so the run-time operation switch is exercised all the time. Every
@@ -11,7 +11,7 @@ output lane is checked, in order: result bits, ``overflow`` and ``nan_created``.
   derived from ``f16_lt`` and ``f16_le`` (:func:`sim.fp16_vectors.max_from_compare`).
 * ``test_model``: every pair of the special operands under every operation, then random
   and hard-case pairs (:func:`sim.fp16_vectors.random_pairs`), against
-  :func:`host.fp16.binary_bits` and :func:`host.fp16.binary_events_bits`.
+  :func:`host.numerics.fp16.binary_bits` and :func:`host.numerics.fp16.binary_events_bits`.
 * ``test_latency``: the documented latency and one vector per cycle.
 
 The conformance and model tests run with and without random input gaps and output
@@ -30,7 +30,9 @@ import random
 import cocotb
 import numpy as np
 
-from host.fp16 import CANONICAL_NAN, BinaryOp, binary_bits, binary_events_bits
+from host.spec.formats import CANONICAL_NAN
+from host.spec.ops import BinaryOp
+from host.numerics.fp16 import binary_bits, binary_events_bits
 from sim.fp16_vectors import (
     FLAG_INVALID, FLAG_OVERFLOW, SPECIALS, find_testfloat, is_nan, max_from_compare,
     random_pairs, read_testfloat,
@@ -207,7 +209,7 @@ async def test_conformance(dut, stalls):
 @cocotb.test()
 @cocotb.parametrize(stalls=[False, True])
 async def test_model(dut, stalls):
-    """Special operand pairs and random pairs against host.fp16, all five operations."""
+    """Special operand pairs and random pairs against host.numerics.fp16, all five operations."""
     tb = TB(dut, stalls)
     await tb.start()
     await tb.run(interleave(tb.rng, model_batches(tb.np_rng, COUNT)), "model")

@@ -1,4 +1,4 @@
-"""cocotb bench for :class:`hw.fp16_convert.FixedToFp16` (``tests/test_fp16_convert_hw.py``).
+"""cocotb bench for :class:`hw.mvm.convert.FixedToFp16` (``tests/test_fp16_convert_hw.py``).
 
 The whole lane array is driven as one packed integer per transfer and every output is
 compared, in order, with a reference:
@@ -6,7 +6,7 @@ compared, in order, with a reference:
 * ``test_conformance``: Berkeley TestFloat ``i32_to_f16`` / ``i64_to_f16`` vectors
   (``lsb = 0``); with ``saturate`` the overflowing cases become +-65504, the others
   are unchanged, and ``overflow`` must equal TestFloat's overflow flag.
-* ``test_model``: :func:`host.numerics.fixed_to_fp16`, on every input when ``width`` is
+* ``test_model``: :func:`host.numerics.mvm.fixed_to_fp16`, on every input when ``width`` is
   small, otherwise on values near every FP16 rounding boundary plus a random mix.
 * ``test_latency``: the documented latency and one vector per cycle.
 
@@ -30,8 +30,8 @@ import random
 import cocotb
 import numpy as np
 
-from host.formats import FP16_FRAC_BITS, FP16_MAX_BITS, FP16_MAX_EXP, FP16_MIN_EXP
-from host.numerics import fixed_to_fp16
+from host.spec.formats import FP16_FRAC_BITS, FP16_MAX_BITS, FP16_MAX_EXP, FP16_MIN_EXP
+from host.numerics.mvm import fixed_to_fp16
 from sim.stream import UnitBench
 
 LANES = int(os.environ.get("FP16C_LANES", "4"))
@@ -267,7 +267,7 @@ async def test_conformance(dut, stalls):
 @cocotb.test()
 @cocotb.parametrize(stalls=[False, True])
 async def test_model(dut, stalls):
-    """Bit-exact against host.numerics.fixed_to_fp16 (exhaustive for small widths)."""
+    """Bit-exact against host.numerics.mvm.fixed_to_fp16 (exhaustive for small widths)."""
     tb = TB(dut, stalls)
     await tb.start()
     if WIDTH <= EXHAUSTIVE_WIDTH:

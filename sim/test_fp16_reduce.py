@@ -1,7 +1,7 @@
-"""cocotb bench for :class:`hw.fp16_reduce.Fp16Reduce` (``tests/test_fp16_reduce_hw.py``).
+"""cocotb bench for :class:`hw.arith.fp16_reduce.Fp16Reduce` (``tests/test_fp16_reduce_hw.py``).
 
 Logical vectors go in as native vectors; every output vector (every lane and ``last``)
-and the event totals are checked against :func:`host.reduction.reduce_vectors_bits`.
+and the event totals are checked against :func:`host.numerics.reduction.reduce_vectors_bits`.
 Lanes past ``lanes_last`` carry random bit patterns (NaNs included) with their ``keep``
 bits clear, and every fourth logical vector also clears random ``keep`` bits of its other
 lanes, which the model is given as the identity (``-0``, ``-inf``): the unit must ignore
@@ -36,8 +36,9 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from host.reduction import IDENTITY, ReduceOp, reduce_vectors_bits
-from hw.fp16_reduce import Fp16Reduce, input_layout
+from host.spec.ops import IDENTITY, ReduceOp
+from host.numerics.reduction import reduce_vectors_bits
+from hw.arith.fp16_reduce import Fp16Reduce, input_layout
 from sim.fp16_vectors import SPECIALS
 from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 

@@ -1,8 +1,8 @@
-"""cocotb bench for :class:`hw.fp16_unary.Fp16Unary`: exhaustive and bit-exact.
+"""cocotb bench for :class:`hw.arith.fp16_unary.Fp16Unary`: exhaustive and bit-exact.
 
 Every FP16 input (all 65,536 patterns) goes through the hardware under every built op,
 and every output lane (result, ``overflow``, ``nan_created``) is compared with the
-reference model :func:`host.unary.unary_bits` / :func:`host.unary.unary_events`:
+reference model :func:`host.numerics.unary.unary_bits` / :func:`host.numerics.unary.unary_events`:
 
 * ``test_exhaustive``: op by op, no stalls (one vector per cycle);
 * ``test_exhaustive_mixed``: the same (op, input) pairs, but each vector's op drawn at
@@ -38,8 +38,9 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
-from host.unary import UnaryOp, unary_bits, unary_events
-from hw.fp16_unary import LATENCY
+from host.spec.ops import UnaryOp
+from host.numerics.unary import unary_bits, unary_events
+from hw.arith.fp16_unary import LATENCY
 from sim.stream import StreamMonitor, StreamSink, StreamSource
 
 IDLE_PROB = 0.3

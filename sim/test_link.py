@@ -1,7 +1,7 @@
-"""cocotb bench of the host link in gateware (``hw.board.SimBoard``: link and core).
+"""cocotb bench of the host link in gateware (``hw.board.board.SimBoard``: link and core).
 
-Every byte sent to the board is also fed to ``host.server.ProtocolServer`` over a
-``host.model.NpuModel`` of the same build, and the replies must be identical, byte for
+Every byte sent to the board is also fed to ``host.runtime.server.ProtocolServer`` over a
+``host.model.core.NpuModel`` of the same build, and the replies must be identical, byte for
 byte. The one documented difference, RUN's entries (the core reports its measured
 ``cycles`` and ``pc``, the model its prediction): the reference server runs over an
 adapter that reports ``cycles`` and ``pc`` too, and the board's ``cycles`` value is put
@@ -30,14 +30,14 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from host import protocol as p
-from host.asm import assemble
-from host.config import NpuConfig
-from host.isa import Instruction as I, Space, encode_program
-from host.model import NpuModel
-from host.protocol import MAX_PAYLOAD, Opcode, Status
-from host.randprog import random_fp16
-from host.server import ProtocolServer
+from host.spec import protocol as p
+from host.compiler.asm import assemble
+from host.spec.config import NpuConfig
+from host.spec.isa import Instruction as I, Space, encode_program
+from host.model.core import NpuModel
+from host.spec.protocol import MAX_PAYLOAD, Opcode, Status
+from sim.randprog import random_fp16
+from host.runtime.server import ProtocolServer
 from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 PERIOD_NS = 10

@@ -1,7 +1,7 @@
-"""cocotb bench for :class:`hw.mfu.MfuPipeline`: chains, VRFs, counters and softmax.
+"""cocotb bench for :class:`hw.mfu.mfu.MfuPipeline`: chains, VRFs, counters and softmax.
 
 Every output vector, its ``last`` flag and both counters of every MFU are compared with
-the reference model :func:`host.mfu.run_chain` / :class:`host.mfu.MfuCounters`:
+the reference model :func:`host.model.mfu.run_chain` / :class:`host.model.mfu.MfuCounters`:
 
 * ``test_random_chains``: batches of random legal op lists (all units, every op, random
   order within an MFU), random lengths ``1..max_length``, ``lanes_last``, VRF contents
@@ -9,10 +9,10 @@ the reference model :func:`host.mfu.run_chain` / :class:`host.mfu.MfuCounters`:
   overflow), chains queued back to back; counters after each batch, random clears;
 * ``test_counters``: event-heavy chains, counters checked after every chain, random
   clears, saturation (a small ``counter_bits`` build must reach the top);
-* ``test_softmax``: the three softmax chains of :mod:`host.softmax` on logical vectors
+* ``test_softmax``: the three softmax chains of :mod:`host.model.softmax` on logical vectors
   of 1 to ``n * max_length`` elements, the testbench writing chain results into the
-  VRFs through ``vrf_w`` as a ``v_wr`` would; bit-exact with :func:`host.softmax
-  .run_softmax`, and within :func:`host.softmax.softmax_bound` of a float64 softmax;
+  VRFs through ``vrf_w`` as a ``v_wr`` would; bit-exact with :func:`host.model.softmax
+  .run_softmax`, and within :func:`host.model.softmax.softmax_bound` of a float64 softmax;
 * ``test_timing``: cycles from chain acceptance to the first output and between chains
   without stalls, against :func:`chain_cycles` (the formula of ``docs/mfu.md``).
 
@@ -35,14 +35,14 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
-from host.fp16 import BinaryOp
-from host.mfu import (
-    MfuConfig, MfuCounters, MfuOp, MfuUnit, MfuVrfs, VrfBank, allocate, encode_chain,
-    run_chain, vrf_write_layout,
+from host.spec.ops import BinaryOp
+from host.spec.mfu import (
+    MfuConfig, MfuOp, MfuUnit, VrfBank, allocate, encode_chain, vrf_write_layout,
 )
-from host.reduction import ReduceOp
-from host.softmax import run_softmax, softmax_bound, softmax_ops, softmax_reference
-from host.unary import UnaryOp
+from host.model.mfu import MfuCounters, MfuVrfs, run_chain
+from host.spec.ops import ReduceOp
+from host.model.softmax import run_softmax, softmax_bound, softmax_ops, softmax_reference
+from host.spec.ops import UnaryOp
 from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 IDLE_PROB = 0.3
@@ -68,15 +68,15 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
     after acceptance (``docs/mfu.md``, section 6).
 
     1 (the last vector into the output queue's buffer) plus, per op, its unit's input
-    registers (``hw.mfu.INPUT_STAGES``) and latency (ADDSUB, MUL 6; ACT 15; REDUCE
+    registers (``hw.mfu.mfu.INPUT_STAGES``) and latency (ADDSUB, MUL 6; ACT 15; REDUCE
     ``L - 1`` more vectors in, then its latency); plus 1 when the first op reads a VRF
     (its first operand is in the read-ahead ring only 2 edges after acceptance, and the
     pipeline holds the input).
     """
-    from hw.fp16_arith import LATENCY as BINARY
-    from hw.fp16_reduce import Fp16Reduce
-    from hw.fp16_unary import LATENCY as UNARY
-    from hw.mfu import INPUT_STAGES
+    from hw.arith.fp16_arith import LATENCY as BINARY
+    from hw.arith.fp16_reduce import Fp16Reduce
+    from hw.arith.fp16_unary import LATENCY as UNARY
+    from hw.mfu.mfu import INPUT_STAGES
     reduce_latency = Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length).latency
     cycles = 1
     latency = {MfuUnit.ADDSUB: BINARY, MfuUnit.MUL: BINARY, MfuUnit.ACT: UNARY,

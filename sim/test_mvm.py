@@ -1,7 +1,7 @@
-"""cocotb bench for :class:`hw.mvm.Mvm`, bit-exact against :func:`host.numerics.mvm`.
+"""cocotb bench for :class:`hw.mvm.mvm.Mvm`, bit-exact against :func:`host.numerics.mvm.mvm`.
 
-Weights are quantized on the host (``host.bfp.quantize`` of the zero-padded FP16 matrix,
-blocks of N along the rows) and written with ``mrf_w`` as ``host.bfp.pack`` words, or sent
+Weights are quantized on the host (``host.numerics.bfp.quantize`` of the zero-padded FP16 matrix,
+blocks of N along the rows) and written with ``mrf_w`` as ``host.numerics.bfp.pack`` words, or sent
 as FP16 tile rows on ``w_stream`` through the on-chip matrix quantizer. Every output
 vector and every counter is compared with the model; the error flag, the MRF contents
 (read back) and the cycle counts of ``docs/mvm.md`` are checked as well.
@@ -31,13 +31,13 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from host import bfp
-from host.config import MvmConfig
-from host.formats import E8M0_BIAS, Rounding, block_bytes
-from host.numerics import mvm as model_mvm
-from hw.mvm import (
-    EXPONENT_CODE_MAX, command_layout, latency, mrf_address_layout, mrf_word_layout,
-    weight_row_layout,
+from host.numerics import bfp
+from host.spec.config import MvmConfig
+from host.spec.formats import E8M0_BIAS, Rounding, block_bytes
+from host.numerics.mvm import mvm as model_mvm
+from host.spec.formats import MAX_EXPONENT_CODE
+from hw.mvm.mvm import (
+    command_layout, latency, mrf_address_layout, mrf_word_layout, weight_row_layout,
 )
 from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
@@ -96,7 +96,7 @@ def unpack_lanes(word: int, n: int) -> np.ndarray:
 
 
 def block_words(t: bfp.BfpTensor) -> np.ndarray:
-    """``host.bfp.pack`` of a tensor, as one integer per block (``object`` array shaped
+    """``host.numerics.bfp.pack`` of a tensor, as one integer per block (``object`` array shaped
     like ``t.exponents``): the bits an MRF word holds."""
     nbytes = block_bytes(t.block_size, t.mantissa_bits)
     raw = bfp.pack(t).reshape(-1, nbytes)
@@ -348,9 +348,9 @@ class TB:
                                    .astype(np.float32), self.cfg.n, 4,
                                    nonfinite="saturate").exponents.max()
                 static_code = int(np.clip(dyn + E8M0_BIAS + rng.integers(-6, 3), 0,
-                                          EXPONENT_CODE_MAX))
+                                          MAX_EXPONENT_CODE))
                 if rng.random() < 0.2:
-                    static_code = int(rng.integers(0, EXPONENT_CODE_MAX + 1))
+                    static_code = int(rng.integers(0, MAX_EXPONENT_CODE + 1))
             else:
                 static_code = None
         if k is None:
@@ -615,8 +615,8 @@ async def test_corner_products(dut, stalls):
 @cocotb.test()
 @cocotb.parametrize(stalls=STALLS)
 async def test_matrix_quantizer(dut, stalls):
-    """FP16 weights through ``w_stream``: the MRF then holds exactly ``host.bfp.pack``
-    of ``host.bfp.quantize`` (read back byte for byte); products on them are exact;
+    """FP16 weights through ``w_stream``: the MRF then holds exactly ``host.numerics.bfp.pack``
+    of ``host.numerics.bfp.quantize`` (read back byte for byte); products on them are exact;
     the matrix-quantizer counters follow the model."""
     tb = TB(dut, stalls=stalls)
     await tb.reset()
@@ -626,11 +626,11 @@ async def test_matrix_quantizer(dut, stalls):
         rounding = Rounding(trial % 2)
         code = None
         if trial >= 2:
-            code = int(tb.rng.integers(E8M0_BIAS - 10, EXPONENT_CODE_MAX + 1))
+            code = int(tb.rng.integers(E8M0_BIAS - 10, MAX_EXPONENT_CODE + 1))
         if trial == 3:
             # +-65504 needs block exponent 15; any code below that saturates it. Put one
             # in, so that a small random shape cannot leave the counter at zero.
-            code = min(code, EXPONENT_CODE_MAX - 1)
+            code = min(code, MAX_EXPONENT_CODE - 1)
             w16 = tb.stim.values((rows, cols), "extreme")
             w16[0, 0] = -65504.0
         padded = np.zeros((br * n, bc * n), np.float16)
@@ -652,7 +652,7 @@ async def test_matrix_quantizer(dut, stalls):
         addresses = [(e, i, s) for e, i, s, _, _ in tb.word_addresses(mat)]
         got = await tb.read_mrf(addresses)
         want = [int(mat.words[row, cc]) for _, _, _, row, cc in tb.word_addresses(mat)]
-        assert got == want, f"trial {trial}: MRF words differ from host.bfp.pack"
+        assert got == want, f"trial {trial}: MRF words differ from host.numerics.bfp.pack"
         tb.check_counters()
         tb.send_products([tb.product(mat) for _ in range(2)])
         await tb.check_products()
@@ -864,7 +864,7 @@ async def test_tile_independence(dut):
         for _ in range(3):
             static = None
             if rng.random() < 0.4:
-                static = int(rng.integers(E8M0_BIAS - 20, EXPONENT_CODE_MAX + 1))
+                static = int(rng.integers(E8M0_BIAS - 20, MAX_EXPONENT_CODE + 1))
             products.append(tb.product(mat, x_bits=stim.vector(cols).view(np.uint16),
                                        rounding=Rounding(int(rng.integers(0, 2))),
                                        static_code=static, k=int(rng.integers(1, 65))))

@@ -1,5 +1,5 @@
-"""cocotb system bench for :class:`hw.npu.NpuCore`: programs bit-exact with
-:class:`host.model.NpuModel`.
+"""cocotb system bench for :class:`hw.core.npu.NpuCore`: programs bit-exact with
+:class:`host.model.core.NpuModel`.
 
 The bench drives the core only through its host-side ports (``vec_w``, ``w_rows``,
 ``mrf_w``, ``prog_w``, ``inq``, ``run``, ``outq``, ``vec_r_req``, ``mrf_r_req``, the
@@ -9,12 +9,12 @@ output vector, every word of every vector memory and every counter.
 
 * ``test_hand_programs``: small assembled programs (copy, MLP layer, reductions and
   softmax, iterations with ``*_inc`` and windows);
-* ``test_programs``: every program of :mod:`host.programs` with logical sizes that are
+* ``test_programs``: every program of :mod:`host.compiler.programs` with logical sizes that are
   not multiples of N; the MRF image read back once against the model's;
 * ``test_illegal``: illegal programs (each error code), the flag, ``pc``, and memories and
   queues as the model leaves them (a legal chain before the illegal one did run);
 * ``test_host_errors``: refused host requests: the code, and nothing changed;
-* ``test_random``: ``NPU_CHAINS`` chains of :func:`host.randprog.random_program`.
+* ``test_random``: ``NPU_CHAINS`` chains of :func:`sim.randprog.random_program`.
 
 Parameters come from the environment (``tests/test_npu_hw.py``): ``NPU_CONFIG`` (JSON of
 ``NpuConfig`` fields), ``NPU_CHAINS``, ``NPU_SEED`` (the random seed; logged). Idle cycles
@@ -34,16 +34,17 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge, SimTimeoutError, with_timeout
 
-from host import bfp
-from host.asm import _parse_line, assemble
-from host.config import NpuConfig
-from host.formats import Rounding
-from host.isa import ErrorCode, Space, decode_program, mrf_location
-from host.model import MVM_COUNTERS, NpuError, NpuModel
-from host.programs import Program
-from host.randprog import random_fp16, random_program
-from hw.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
-from hw.npu import (
+from host.numerics import bfp
+from host.compiler.asm import _parse_line, assemble
+from host.spec.config import NpuConfig
+from host.spec.formats import Rounding
+from host.spec.isa import ErrorCode, Space, decode_program, mrf_location
+from host.spec.counters import MVM_COUNTERS
+from host.model.core import NpuError, NpuModel
+from host.compiler.programs import Program
+from sim.randprog import random_fp16, random_program
+from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
+from hw.core.npu import (
     PROGRAM_ADDR_BITS, program_write_layout, vector_read_layout, vector_write_layout,
 )
 from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
@@ -377,7 +378,7 @@ async def test_hand_programs(dut, stalls):
 @cocotb.test()
 @cocotb.parametrize(stalls=[False, True])
 async def test_programs(dut, stalls):
-    from host import programs as P
+    from host.compiler import programs as P
     tb = await setup(dut, stalls)
     cfg, n = tb.cfg, tb.n
     rng = tb.rng

@@ -1,8 +1,8 @@
 """cocotb bench of the core's cycle counts (``bench/lstm.py``): programs of
-:mod:`host.programs` on :class:`hw.npu.NpuCore`, bit-exact against
-:class:`host.model.NpuModel`, with the RTL cycles beside the model's prediction.
+:mod:`host.compiler.programs` on :class:`hw.core.npu.NpuCore`, bit-exact against
+:class:`host.model.core.NpuModel`, with the RTL cycles beside the model's prediction.
 
-* ``lstm_bench``: an LSTM sequence (:func:`host.programs.lstm_sequence`) with FP16
+* ``lstm_bench``: an LSTM sequence (:func:`host.compiler.programs.lstm_sequence`) with FP16
   weights, inputs and state drawn from a seeded generator; the output queue is drained
   while the program runs, so the cycle at which each step's last ``h`` vector leaves it
   is recorded (cycles counted from the ``run`` pulse);
@@ -24,9 +24,9 @@ import numpy as np
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 
-from host import programs
-from host.isa import ErrorCode
-from host.model import NpuModel
+from host.compiler import programs
+from host.spec.isa import ErrorCode
+from host.model.core import NpuModel
 from sim.test_npu import CLOCK_NS, RUN_TIMEOUT_CYCLES, TB, fresh, unpack_vector
 
 

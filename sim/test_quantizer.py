@@ -1,7 +1,7 @@
-"""cocotb bench for :class:`hw.quantizer.VectorQuantizer`.
+"""cocotb bench for :class:`hw.mvm.quantizer.VectorQuantizer`.
 
 Every output block is compared bit for bit (exponent code and every mantissa) with the
-reference model :func:`host.numerics.quantize_fp16` on the same inputs, and the two
+reference model :func:`host.numerics.mvm.quantize_fp16` on the same inputs, and the two
 saturating counters with the model's running totals. Each scenario runs with and without
 random input idle cycles and output back-pressure; while back-pressured, the output
 payload must not change.
@@ -36,8 +36,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from host.formats import E8M0_BIAS, FP16_MAX_BITS, Rounding, block_bits, mantissa_max
-from host.numerics import quantize_fp16
+from host.spec.formats import E8M0_BIAS, FP16_MAX_BITS, Rounding, block_bits, mantissa_max
+from host.numerics.mvm import quantize_fp16
 from sim.stream import StreamMonitor, StreamSink, StreamSource, stream_signals
 
 #: Probability of an idle input cycle / of a back-pressured output cycle with stalls.
@@ -80,7 +80,7 @@ def pack_vectors(bits: np.ndarray) -> list[int]:
 def unpack_blocks(words: list[int], n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Output payload integers -> exponent codes ``(B,)`` and signed mantissas ``(B, n)``.
 
-    Layout of :func:`host.formats.block_layout`: code in bits [0, 8), mantissa i in
+    Layout of :func:`host.spec.formats.block_layout`: code in bits [0, 8), mantissa i in
     [8 + i*m, 8 + (i+1)*m), two's complement.
     """
     count = len(words)

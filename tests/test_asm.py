@@ -1,4 +1,4 @@
-"""The assembler and disassembler (``host/asm.py``): canonical round trip (directed and
+"""The assembler and disassembler (``host/compiler/asm.py``): canonical round trip (directed and
 hypothesis), and line-numbered errors for bad programs."""
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.asm import AsmError, assemble, assemble_instructions, disassemble
-from host.fp16 import BinaryOp
-from host.isa import Instruction, Opcode, Reg, Space, decode_program
-from host.reduction import ReduceOp
-from host.unary import UnaryOp
+from host.compiler.asm import AsmError, assemble, assemble_instructions, disassemble
+from host.spec.ops import BinaryOp
+from host.spec.isa import Instruction, Opcode, Reg, Space, decode_program
+from host.spec.ops import ReduceOp
+from host.spec.ops import UnaryOp
 
 EXAMPLE = """
 # an MLP layer

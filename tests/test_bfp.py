@@ -1,15 +1,15 @@
-"""Unit tests of ``host.bfp``: quantize, dequantize, pack, unpack and tiling.
+"""Unit tests of ``host.numerics.bfp``: quantize, dequantize, pack, unpack and tiling.
 
 Expected values are written by hand from the definitions in ``docs/numerics.md`` (section
 2 for quantizing, 2.8 for the byte layout, 3 for tiling) or computed by the small
-independent helpers below (a per-element bit packer); never taken from ``host.bfp``.
+independent helpers below (a per-element bit packer); never taken from ``host.numerics.bfp``.
 """
 
 import numpy as np
 import pytest
 
-from host import bfp
-from host.bfp import BfpTensor
+from host.numerics import bfp
+from host.numerics.bfp import BfpTensor
 
 F16, F32, F64 = np.float16, np.float32, np.float64
 
@@ -28,7 +28,7 @@ def _tensor(codes, mantissas, block_size, mantissa_bits, shape=None):
 def pack_reference(codes, mantissas, block_size, mantissa_bits):
     """Independent packer: one Python integer per block, built field by field.
 
-    Layout (``host.formats.block_layout``): bits 0..7 the E8M0 code, then mantissa ``i``
+    Layout (``host.spec.formats.block_layout``): bits 0..7 the E8M0 code, then mantissa ``i``
     as an m-bit two's complement field at bit ``8 + i*m``; the bit string is written
     least significant bit first and zero padded to whole bytes.
     """

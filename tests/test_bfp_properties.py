@@ -1,4 +1,4 @@
-"""Property tests of ``host.bfp`` (hypothesis).
+"""Property tests of ``host.numerics.bfp`` (hypothesis).
 
 The reference here is an exact scalar model written from the rules of
 ``docs/numerics.md`` section 2 with ``fractions.Fraction``:
@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from host import bfp
-from host.bfp import BfpTensor
+from host.numerics import bfp
+from host.numerics.bfp import BfpTensor
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROUNDINGS = ("nearest-even", "nearest-away")

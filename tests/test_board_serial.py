@@ -1,14 +1,14 @@
-"""``hw.board.NpuBoard`` on its serial lines, in Amaranth's simulator.
+"""``hw.board.board.NpuBoard`` on its serial lines, in Amaranth's simulator.
 
 The whole board (UART receiver, receive FIFO, link, core, UART transmitter) at the
 smallest build; requests go in as 8N1 bits on ``rx`` and the replies are read off ``tx``
-by a second :class:`hw.uart.UartRx` (the UART itself is tested against a line driven
+by a second :class:`hw.link.uart.UartRx` (the UART itself is tested against a line driven
 from Python in ``tests/test_link_uart.py``). Every reply byte must equal what
-``host.server.ProtocolServer`` over the reference model answers to the same bytes, and
+``host.runtime.server.ProtocolServer`` over the reference model answers to the same bytes, and
 the data read back must be the data written, also after a frame with a bad CRC (a
 rejected request loses nothing). Requests go byte after byte, and again with idle bit
 times between bytes. The message processors themselves are tested in depth on
-``hw.board.SimBoard`` (``tests/test_link_hw.py``); this test is about the board's
+``hw.board.board.SimBoard`` (``tests/test_link_hw.py``); this test is about the board's
 serial path around them.
 """
 
@@ -19,18 +19,18 @@ import pytest
 from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
-from host import protocol as p
-from host.config import NpuConfig
-from host.isa import Space
-from host.model import NpuModel
-from host.protocol import Opcode, Status
-from host.server import ProtocolServer
-from hw.board import NpuBoard
-from hw.uart import UartRx, UartTx, divisor_for
+from host.spec import protocol as p
+from host.spec.config import NpuConfig
+from host.spec.isa import Space
+from host.model.core import NpuModel
+from host.spec.protocol import Opcode, Status
+from host.runtime.server import ProtocolServer
+from hw.board.board import NpuBoard
+from hw.link.uart import UartRx, UartTx, divisor_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 
-#: 4 clock cycles per bit (``hw.uart.MIN_DIVISOR``): the fastest line the UART takes,
+#: 4 clock cycles per bit (``hw.link.uart.MIN_DIVISOR``): the fastest line the UART takes,
 #: so that the simulation stays short.
 CLK_HZ, BAUD = 400_000, 100_000
 CONFIG = NpuConfig(n=4, tiles=1, mrf_depth=8, max_col_tiles=2, ivrf_depth=8, vrf_depth=8,

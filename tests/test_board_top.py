@@ -1,10 +1,10 @@
-"""The ULX3S top (``hw.board.ULX3STop``) as ``make bitstream`` builds it, short of the tools.
+"""The ULX3S top (``hw.board.board.ULX3STop``) as ``make bitstream`` builds it, short of the tools.
 
 ``amaranth_boards``' ULX3S-85F platform prepares the build (elaboration, RTLIL, pin
 constraints and build script) without running Yosys or nextpnr; what that checks:
 the top is an elaboratable the platform accepts, the serial lines are on the FTDI pins,
 the clock is the board's 25 MHz oscillator, and on the real platform the multipliers are
-the ECP5 form (``hw.dsp``) that the simulations of ``tests/test_dsp_hw.py`` cover.
+the ECP5 form (``hw.arith.dsp``) that the simulations of ``tests/test_dsp_hw.py`` cover.
 """
 
 import pytest
@@ -12,11 +12,11 @@ import pytest
 # fails this module at collection instead of leaving its tests unrun.
 from amaranth_boards import ulx3s
 
-from host.config import NpuConfig
+from host.spec.config import NpuConfig
 
 
 def _plan(config, baud=1_000_000):
-    from hw.board import ULX3STop, build_overrides
+    from hw.board.board import ULX3STop, build_overrides
     return ulx3s.ULX3S_85F_Platform().prepare(ULX3STop(config, baud), name="npu",
                                               **build_overrides("npu"))
 
@@ -64,13 +64,13 @@ def test_ulx3s_build_leaves_marked_collisions_undefined():
 
 
 def test_ulx3s_top_refuses_bad_parameters():
-    from hw.board import ULX3STop
+    from hw.board.board import ULX3STop
     with pytest.raises(TypeError, match="config must be an NpuConfig, not 16"):
         ULX3STop(16)
 
 
 def test_command_line_defaults_and_overrides():
-    from hw.board import ULX3S_CONFIG, parse_args
+    from hw.board.board import ULX3S_CONFIG, parse_args
     config, baud, build_dir = parse_args([])
     assert (config.n, config.tiles) == (ULX3S_CONFIG["n"], ULX3S_CONFIG["tiles"]) == (4, 1)
     assert config.mfus == NpuConfig().mfus
@@ -87,7 +87,7 @@ def test_command_line_defaults_and_overrides():
     ("n=6", "n must be a power of two, not 6"),
 ])
 def test_command_line_errors(text, message, capsys):
-    from hw.board import parse_args
+    from hw.board.board import parse_args
     with pytest.raises(SystemExit) as info:
         parse_args(["--config", text])
     assert info.value.code == 2

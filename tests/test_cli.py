@@ -1,8 +1,8 @@
 """The ``npu`` command (``host.cli.main``): commands, output formats, exit status.
 
 Most tests call ``main([...])`` in process; one runs ``python -m host.cli`` as a separate
-process against a pseudo-terminal board (``host.server.PtyServer``). Expected outputs
-come from ``host.programs``' ``Program.run`` on a fresh model per job.
+process against a pseudo-terminal board (``host.runtime.server.PtyServer``). Expected outputs
+come from ``host.compiler.programs``' ``Program.run`` on a fresh model per job.
 """
 
 import json
@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host import protocol as p
+from host.spec import protocol as p
 from host.cli import main
-from host.config import NpuConfig
-from host.device import NetworkImage
-from host.model import NpuModel
-from host.programs import mlp_layer, native
-from host.server import ProtocolServer, PtyServer
+from host.spec.config import NpuConfig
+from host.runtime.device import NetworkImage
+from host.model.core import NpuModel
+from host.compiler.programs import mlp_layer, native
+from host.runtime.server import ProtocolServer, PtyServer
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = NpuConfig()                       # what --device model builds

@@ -1,9 +1,9 @@
-"""``host.device.Device``: the same device-level tests on every transport.
+"""``host.runtime.device.Device``: the same device-level tests on every transport.
 
 The ``device`` fixture gives a ``Device`` and the ``NpuModel`` behind it, over each
 transport: ``model`` (in process) and ``pty`` (``SerialTransport`` through a
 pseudo-terminal whose far end runs a ``ProtocolServer`` in a thread). Expected results
-come from a twin ``NpuModel`` driven directly, or from ``host.programs``' own
+come from a twin ``NpuModel`` driven directly, or from ``host.compiler.programs``' own
 ``Program.run``.
 
 The end-to-end LSTM test (100 sequences streamed) runs on those two and, with the first
@@ -21,15 +21,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from host import protocol as p
-from host.config import NpuConfig
-from host.device import Device, DeviceError, LinkError, NetworkImage, StreamError
-from host.isa import ErrorCode, Instruction as I, Reg, Space, encode_program
-from host.model import NpuModel
-from host.programs import lstm_sequence, native
-from host.protocol import Opcode, Status
-from host.server import ProtocolServer, PtyServer
-from host.transport import ModelTransport, SerialTransport, Transport
+from host.spec import protocol as p
+from host.spec.config import NpuConfig
+from host.runtime.device import Device, DeviceError, LinkError, NetworkImage, StreamError
+from host.spec.isa import ErrorCode, Instruction as I, Reg, Space, encode_program
+from host.model.core import NpuModel
+from host.compiler.programs import lstm_sequence, native
+from host.spec.protocol import Opcode, Status
+from host.runtime.server import ProtocolServer, PtyServer
+from host.runtime.transport import ModelTransport, SerialTransport, Transport
 from sim.board import SMALL_CONFIG
 
 from test_protocol_server import mlp_network, random_mrf_words, random_vectors
@@ -273,7 +273,7 @@ LSTM_SIM_JOBS = 12
 @pytest.fixture(scope="module")
 def lstm_case():
     """An LSTM program image, 100 input sequences and the reference outputs of each,
-    from ``host.programs`` run directly on a fresh model per sequence."""
+    from ``host.compiler.programs`` run directly on a fresh model per sequence."""
     rng = np.random.default_rng(20)
     weights = {}
     for g in "fioc":

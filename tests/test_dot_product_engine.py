@@ -1,4 +1,4 @@
-"""``hw.tile_engine.DotProductEngine`` alone, in Amaranth's simulator: the dot product,
+"""``hw.mvm.tile_engine.DotProductEngine`` alone, in Amaranth's simulator: the dot product,
 the shift and the narrow-accumulator count of every block pair against Python integers,
 at the latencies the engine states.
 
@@ -13,8 +13,8 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from host.config import MvmConfig
-from hw.tile_engine import DotProductEngine, shift_offset
+from host.spec.config import MvmConfig
+from hw.mvm.tile_engine import DotProductEngine, shift_offset
 
 
 def _fits(value, k):

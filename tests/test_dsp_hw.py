@@ -1,8 +1,8 @@
 # amaranth: UnusedElaboratable=no
-"""The ECP5 form of the multipliers (``hw.dsp``): MULT18X18D instances with their own
+"""The ECP5 form of the multipliers (``hw.arith.dsp``): MULT18X18D instances with their own
 registers in place of the fabric's operand and product registers.
 
-Elaborated for the ECP5 (``hw.dsp.ECP5_TARGET``, what ``bench.fpga`` and the ULX3S build
+Elaborated for the ECP5 (``hw.arith.dsp.ECP5_TARGET``, what ``bench.fpga`` and the ULX3S build
 use), ``Fp16Binary`` and ``Fp16Unary`` instantiate the primitive; the HDL simulators run
 them on the model ``sim/models/MULT18X18D.v`` with the units' own cocotb benches, bit-exact
 against the reference model as the fabric form is (``tests/test_fp16_arith_hw.py``,
@@ -21,15 +21,15 @@ from amaranth.hdl import Const, Module, Signal, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from host.config import MvmConfig
-from host.fp16 import BinaryOp
-from hw.dsp import (
+from host.spec.config import MvmConfig
+from host.spec.ops import BinaryOp
+from hw.arith.dsp import (
     ECP5_TARGET, has_ecp5_dsp, pair_fits, registered_product, registered_product_pair,
 )
-from hw.fp16_arith import Fp16Binary
-from hw.fp16_unary import Fp16Unary
-from hw.mvm import Mvm
-from hw.tile_engine import DotProductEngine
+from hw.arith.fp16_arith import Fp16Binary
+from hw.arith.fp16_unary import Fp16Unary
+from hw.mvm.mvm import Mvm
+from hw.mvm.tile_engine import DotProductEngine
 from sim.fp16_vectors import find_testfloat
 from sim.runner import ECP5_MODELS, run_cocotb
 from sim.test_mvm import config_env
@@ -108,7 +108,7 @@ def test_mvm_ecp5(simulator, packing):
 
 
 class PairProduct(wiring.Component):
-    """:func:`hw.dsp.registered_product_pair` of three signed operands, for its bench."""
+    """:func:`hw.arith.dsp.registered_product_pair` of three signed operands, for its bench."""
 
     def __init__(self, a_bits, b_bits):
         self._a_bits, self._b_bits = a_bits, b_bits

@@ -1,10 +1,10 @@
 # amaranth: UnusedElaboratable=no
-"""Tests of :class:`hw.fp16_arith.Fp16Binary`, the MFUs' FP16 add/sub/mul/max unit.
+"""Tests of :class:`hw.arith.fp16_arith.Fp16Binary`, the MFUs' FP16 add/sub/mul/max unit.
 
 * Simulator tests (cocotb bench ``sim/test_fp16_arith.py``, Verilator and Icarus, 8 lanes):
   every TestFloat ``f16_add``/``f16_sub``/``f16_mul`` case (sub also as ``b_sub_a``) and
   ``max`` from ``f16_lt``/``f16_le``, and special plus random pairs against
-  :mod:`host.fp16`, each with and without input gaps and output back-pressure, the
+  :mod:`host.numerics.fp16`, each with and without input gaps and output back-pressure, the
   operation changing from vector to vector; the latency.
 * Amaranth's own simulator on one and three lanes (every pair of special operands).
 * Constructor validation and the payload layouts.
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from host.fp16 import BinaryOp, binary_bits, binary_events_bits
-from hw.fp16_arith import LATENCY, Fp16Binary, input_layout, output_layout
+from host.spec.ops import BinaryOp
+from host.numerics.fp16 import binary_bits, binary_events_bits
+from hw.arith.fp16_arith import LATENCY, Fp16Binary, input_layout, output_layout
 from sim.fp16_vectors import SPECIALS, find_testfloat, random_pairs
 from sim.runner import run_cocotb
 

@@ -1,10 +1,10 @@
 # amaranth: UnusedElaboratable=no
 # (constructor tests build components only to inspect them or to see __init__ raise)
-"""Tests of :class:`hw.fp16_convert.FixedToFp16`, the BFP-long to FP16 converter.
+"""Tests of :class:`hw.mvm.convert.FixedToFp16`, the BFP-long to FP16 converter.
 
 * Simulator tests (cocotb bench ``sim/test_fp16_convert.py``, Verilator and Icarus):
   TestFloat ``i32_to_f16`` / ``i64_to_f16`` conformance, the MVM configuration against
-  :func:`host.numerics.fixed_to_fp16` on >= 100,000 values, and a few extreme geometries.
+  :func:`host.numerics.mvm.fixed_to_fp16` on >= 100,000 values, and a few extreme geometries.
 * A quick sweep of extreme geometries with Amaranth's own simulator (every input).
 * Constructor validation.
 
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from host.config import MvmConfig
-from host.formats import Rounding
-from host.numerics import fixed_to_fp16
-from hw.fp16_convert import LATENCY, FixedToFp16
+from host.spec.config import MvmConfig
+from host.spec.formats import Rounding
+from host.numerics.mvm import fixed_to_fp16
+from hw.mvm.convert import LATENCY, FixedToFp16
 from sim.fp16_vectors import find_testfloat
 from sim.runner import run_cocotb
 

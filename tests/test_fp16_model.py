@@ -1,4 +1,4 @@
-"""Tests of the FP16 element-wise model :mod:`host.fp16` (``docs/numerics.md`` section 6).
+"""Tests of the FP16 element-wise model :mod:`host.numerics.fp16` (``docs/numerics.md`` section 6).
 
 * TestFloat conformance: every ``f16_add``, ``f16_sub`` and ``f16_mul`` (``.rne``) vector,
   result bits exact (NaN results must be the canonical ``0x7E00``), and the overflow and
@@ -22,10 +22,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.fp16 import (
-    CANONICAL_NAN, BinaryEvents, BinaryOp, binary, binary_bits, binary_events,
-    binary_events_bits,
+from host.spec.formats import CANONICAL_NAN
+from host.numerics.fp16 import (
+    BinaryEvents, binary, binary_bits, binary_events, binary_events_bits,
 )
+from host.spec.ops import BinaryOp
 from sim.fp16_vectors import (
     FLAG_INVALID, FLAG_OVERFLOW, SPECIALS, is_nan, max_from_compare, random_pairs,
     read_testfloat, find_testfloat,
@@ -425,7 +426,7 @@ def test_every_op_name():
     for op in BinaryOp:
         assert BinaryOp.parse(op.name.lower()) is op
         assert BinaryOp.parse(op) is op
-        # The op enums share one parse rule (host.formats.NamedCode): any case, or the code.
+        # The op enums share one parse rule (host.spec.formats.NamedCode): any case, or the code.
         assert BinaryOp.parse(op.name) is op
         assert BinaryOp.parse(op.value) is op and BinaryOp.parse(np.uint8(op.value)) is op
     x, y = np.float16([6.0]), np.float16([-2.0])

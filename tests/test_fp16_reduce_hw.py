@@ -1,15 +1,15 @@
-"""The FP16 reduction unit (:class:`hw.fp16_reduce.Fp16Reduce`) under an HDL simulator.
+"""The FP16 reduction unit (:class:`hw.arith.fp16_reduce.Fp16Reduce`) under an HDL simulator.
 
 The cocotb bench is ``sim/test_fp16_reduce.py`` (what it checks is listed there): random
 and directed logical vectors, both ops, with and without idle input cycles and output
 back-pressure, every output vector and the event totals against
-:func:`host.reduction.reduce_vectors_bits`; throughput and latency. Two builds, as the
+:func:`host.numerics.reduction.reduce_vectors_bits`; throughput and latency. Two builds, as the
 brief for the MFU asks: 4 and 16 lanes, logical vectors of up to 8 native vectors.
 """
 
 import pytest
 
-from hw.fp16_reduce import Fp16Reduce
+from hw.arith.fp16_reduce import Fp16Reduce
 from sim.runner import run_cocotb
 
 MAX_LENGTH = 8

@@ -1,11 +1,11 @@
 # amaranth: UnusedElaboratable=no
-"""Build parameters of :class:`hw.fp16_reduce.Fp16Reduce`: validation, derived figures,
+"""Build parameters of :class:`hw.arith.fp16_reduce.Fp16Reduce`: validation, derived figures,
 layouts, elaboration at the extremes, and the corner builds in Amaranth's simulator.
 
 The HDL-simulator bench (``tests/test_fp16_reduce_hw.py``) covers the 4- and 16-lane
 builds; here Amaranth's own simulator runs the builds with no lane tree (1 lane), no
 vector tree (``max_length`` 1) and both (the extra level of ``lanes = max_length = 1``)
-against :func:`host.reduction.reduce_vectors_bits`, with random input gaps and output
+against :func:`host.numerics.reduction.reduce_vectors_bits`, with random input gaps and output
 back-pressure, and shows that a logical vector longer than ``max_length`` neither stops
 the unit nor disturbs the logical vectors after it.
 """
@@ -17,8 +17,9 @@ import pytest
 from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 
-from host.reduction import ReduceOp, reduce_vectors_bits
-from hw.fp16_reduce import Fp16Reduce, input_layout, lane_mask, output_layout
+from host.spec.ops import ReduceOp
+from host.numerics.reduction import reduce_vectors_bits
+from hw.arith.fp16_reduce import Fp16Reduce, input_layout, lane_mask, output_layout
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -12,8 +12,8 @@ import os
 import pytest
 from amaranth.hdl import Fragment
 
-from host.unary import UnaryOp
-from hw.fp16_unary import Fp16Unary
+from host.spec.ops import UnaryOp
+from hw.arith.fp16_unary import Fp16Unary
 from sim.runner import run_cocotb
 
 INPUTS = int(os.environ.get("UN_INPUTS", str(1 << 16)))

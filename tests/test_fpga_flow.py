@@ -20,7 +20,7 @@ from bench.fpga import (
     BUILD_ROOT, FlowError, IoShim, _reset_logic_off_global, bench_build_dir, bench_seed,
     place_and_route,
 )
-from hw.dsp import ECP5_TARGET
+from hw.arith.dsp import ECP5_TARGET
 from hw.ram import READ_COLLISION_UNUSED
 
 

@@ -1,4 +1,4 @@
-"""The ISA definition (``host/isa.py``): word layout, encode/decode of every instruction,
+"""The ISA definition (``host/spec/isa.py``): word layout, encode/decode of every instruction,
 illegal words, MRF addressing, ``NpuConfig`` validation, and the encoding tables of
 ``docs/isa.md`` (generated here, so the page cannot drift from the code)."""
 
@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from host.config import NpuConfig
-from host.fp16 import BinaryOp
-from host.isa import (
+from host.spec.config import NpuConfig
+from host.spec.ops import BinaryOp
+from host.spec.isa import (
     FIELDS, INSTRUCTION_LAYOUT, MAX_WRITES, MNEMONICS, REG_DEFAULTS, ErrorCode, Instruction,
     IsaError, Opcode, Reg, Space, decode, decode_program, encode_program, mnemonic,
     mrf_address, mrf_location, parse_chain, register_limits,
 )
-from host.reduction import ReduceOp
-from host.unary import UnaryOp
+from host.spec.ops import ReduceOp
+from host.spec.ops import UnaryOp
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "isa.md"
 

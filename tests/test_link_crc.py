@@ -1,4 +1,4 @@
-"""The link's CRC units (``hw.crc``) against ``host.protocol``'s CRCs.
+"""The link's CRC units (``hw.link.crc``) against ``host.spec.protocol``'s CRCs.
 
 The Python definitions over random data and the catalogue check values; the byte-wide
 unit in Amaranth's simulator over random messages (one byte per cycle, with gaps), its
@@ -12,8 +12,8 @@ import pytest
 from amaranth.hdl import Const, Module, Signal
 from amaranth.sim import Simulator
 
-from host import protocol as p
-from hw.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc, CrcDef
+from host.spec import protocol as p
+from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc, CrcDef
 
 # Components built here only to look at them are never elaborated, on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")

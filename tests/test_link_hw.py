@@ -1,5 +1,5 @@
-"""The host link in gateware (``hw.board.SimBoard``: link and core) under an HDL
-simulator, reply for reply against ``host.server.ProtocolServer`` over the model.
+"""The host link in gateware (``hw.board.board.SimBoard``: link and core) under an HDL
+simulator, reply for reply against ``host.runtime.server.ProtocolServer`` over the model.
 
 The cocotb bench is ``sim/test_link.py``. One small build (``sim.board.SMALL_CONFIG``:
 N = 8, T = 1, the core bench's ``n8t1`` memories), made by ``sim.board.run_board``: the
@@ -53,7 +53,7 @@ def test_cached_board_build_warns_only_about_the_board():
 
     from amaranth.hdl import Fragment, Module, UnusedElaboratable
 
-    from hw.board import SimBoard
+    from hw.board.board import SimBoard
 
     # Amaranth holds these warnings back until something has been elaborated.
     Fragment.get(Module(), None)

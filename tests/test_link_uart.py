@@ -1,4 +1,4 @@
-"""The board's 8N1 UART (``hw.uart``) in Amaranth's simulator.
+"""The board's 8N1 UART (``hw.link.uart``) in Amaranth's simulator.
 
 Transmitter into receiver at several divisors with random gaps; the receiver against a
 line driven from Python with a bit time 3 % off either way, a glitch shorter than half a
@@ -12,7 +12,7 @@ import pytest
 from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
-from hw.uart import MIN_DIVISOR, UartRx, UartTx, divisor_for
+from hw.link.uart import MIN_DIVISOR, UartRx, UartTx, divisor_for
 
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 

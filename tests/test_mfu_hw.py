@@ -1,5 +1,5 @@
 """The MFU pipeline under an HDL simulator: random chains, counters, softmax and timing,
-bit-exact against :mod:`host.mfu`, with and without stalls (``sim/test_mfu.py``).
+bit-exact against :mod:`host.spec.mfu`, with and without stalls (``sim/test_mfu.py``).
 
 Two builds, both with two MFUs and chains of up to 8 native vectors:
 
@@ -16,9 +16,9 @@ runs fewer chains; the ``n = 4`` build, where every random path is as likely, ru
 import pytest
 from amaranth.hdl import Fragment
 
-from host.mfu import MfuConfig
-from host.unary import UnaryOp
-from hw.mfu import Mfu, MfuPipeline
+from host.spec.mfu import MfuConfig
+from host.spec.ops import UnaryOp
+from hw.mfu.mfu import Mfu, MfuPipeline
 from sim.runner import run_cocotb
 
 BUILDS = {

@@ -1,4 +1,4 @@
-"""The MFU pipeline model (:mod:`host.mfu`): configuration, ops, the allocation rule, the
+"""The MFU pipeline model (:mod:`host.spec.mfu`): configuration, ops, the allocation rule, the
 chain encoding, chains against a direct composition of the element functions, VRF
 addressing and the counters."""
 
@@ -7,13 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from host.fp16 import BinaryOp, binary_bits, binary_events_bits
-from host.mfu import (
-    UNITS, MfuConfig, MfuCounters, MfuOp, MfuUnit, MfuVrfs, VrfBank, allocate,
-    chain_layout, decode_chain, encode_chain, mfu_layout, run_chain, vrf_write_layout,
+from host.spec.ops import BinaryOp
+from host.numerics.fp16 import binary_bits, binary_events_bits
+from host.spec.mfu import (
+    UNITS, MfuConfig, MfuOp, MfuUnit, VrfBank, allocate, chain_layout, decode_chain, encode_chain, mfu_layout, vrf_write_layout,
 )
-from host.reduction import ReduceOp, reduce_bits
-from host.unary import UnaryOp, unary_bits, unary_events
+from host.model.mfu import MfuCounters, MfuVrfs, run_chain
+from host.spec.ops import ReduceOp
+from host.numerics.reduction import reduce_bits
+from host.spec.ops import UnaryOp
+from host.numerics.unary import unary_bits, unary_events
 
 CFG = MfuConfig(n=4, mfus=2, vrf_depth=12, max_length=8)
 

@@ -1,4 +1,4 @@
-"""The MFU pipeline's output queue (``hw.mfu._queue``) in Amaranth's simulator.
+"""The MFU pipeline's output queue (``hw.mfu.mfu._queue``) in Amaranth's simulator.
 
 The queue takes an item whenever its source offers one (the MFUs have no back-pressure)
 and must neither lose, duplicate nor reorder items under any pattern of output stalls,
@@ -16,7 +16,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from hw.mfu import _queue
+from hw.mfu.mfu import _queue
 
 WIDTH = 12
 

@@ -1,17 +1,20 @@
-"""The reference core (``host/model.py``): host access, chain semantics (products,
+"""The reference core (``host/model/core.py``): host access, chain semantics (products,
 windows, iterations, reductions, quantizer registers), counters, illegal programs and
 the sticky error, timing-model constants against the gateware's MVM formula."""
 
 import numpy as np
 import pytest
 
-from host import bfp
-from host.asm import assemble
-from host.config import NpuConfig
-from host.formats import Rounding
-from host.isa import ErrorCode, Space, mrf_address
-from host.model import NpuError, NpuModel, mvm_latency
-from host.numerics import binary, mvm, quantize_fp16, reduce, unary
+from host.numerics import bfp
+from host.compiler.asm import assemble
+from host.spec.config import NpuConfig
+from host.spec.formats import Rounding
+from host.spec.isa import ErrorCode, Space, mrf_address
+from host.model.core import NpuError, NpuModel, mvm_latency
+from host.numerics.fp16 import binary
+from host.numerics.mvm import mvm, quantize_fp16
+from host.numerics.reduction import reduce
+from host.numerics.unary import unary
 
 CFG = NpuConfig(n=8, tiles=2, mrf_depth=32, max_col_tiles=8, ivrf_depth=32, vrf_depth=16,
                 netq_depth=16, max_length=4, program_depth=64, counter_bits=8)
@@ -87,7 +90,7 @@ def test_host_errors_change_nothing(model, call, code):
 
 
 def test_write_weights_matches_host_packer(model):
-    """On-chip quantization equals host.bfp.quantize + pack of every tile row, at the
+    """On-chip quantization equals host.numerics.bfp.quantize + pack of every tile row, at the
     place MvmConfig.tile_slot gives; the weight counters count the clamps."""
     rng = np.random.default_rng(2)
     w = f16(rng, 13, 21, scale=4)
@@ -335,7 +338,7 @@ FIRST = "s_wr rows, 8\nv_rd ivrf, 0\nv_exp\nv_wr ivrf, 31\nend_chain"
 
 def encode_lines(text):
     """Words of ``text``, line by line, without the structure check of the assembler."""
-    from host.asm import _parse_line
+    from host.compiler.asm import _parse_line
     return [int(line.split()[1], 0) if line.startswith("word ")
             else _parse_line(line, k).encode()
             for k, line in enumerate(text.splitlines(), 1)]
@@ -377,7 +380,7 @@ def test_illegal_program(name):
 
 @pytest.mark.parametrize("n, tiles", [(8, 1), (8, 2), (16, 2), (4, 3), (16, 4)])
 def test_mvm_latency_matches_gateware(n, tiles):
-    from hw.mvm import latency
+    from hw.mvm.mvm import latency
     cfg = NpuConfig(n=n, tiles=tiles)
     front, back = mvm_latency(cfg)
     assert front + back == latency(cfg.mvm)

@@ -1,10 +1,10 @@
-"""Soak test of the reference core: at least 10,000 random chains (``host.randprog``),
+"""Soak test of the reference core: at least 10,000 random chains (``sim.randprog``),
 each program checked three ways:
 
 * its words disassemble and assemble back to the same words;
-* it runs on :class:`host.model.NpuModel` to ``end`` without error;
+* it runs on :class:`host.model.core.NpuModel` to ``end`` without error;
 * an independent straightforward re-execution written here (decoded words, the
-  ``host.numerics`` / ``host.fp16`` / ``host.unary`` / ``host.reduction`` primitives, the
+  ``host.numerics.mvm`` / ``host.numerics.fp16`` / ``host.numerics.unary`` / ``host.numerics.reduction`` primitives, the
   matrices quantized from their FP16 values rather than read from the model's MRF)
   gives the same output queue, the same contents of every vector memory and the same
   counters.
@@ -16,17 +16,17 @@ seed)`` rebuilds it.
 import numpy as np
 import pytest
 
-from host.asm import assemble, disassemble
-from host.config import NpuConfig
-from host.formats import Rounding
-from host.fp16 import binary_bits, binary_events_bits
-from host.isa import REG_DEFAULTS, Opcode, Reg, Space, decode_program
-from host.mfu import MfuOp, MfuUnit, allocate
-from host.model import NpuModel
-from host.numerics import mvm, quantize_fp16
-from host.randprog import random_program
-from host.reduction import reduce_bits
-from host.unary import unary_bits, unary_events
+from host.compiler.asm import assemble, disassemble
+from host.spec.config import NpuConfig
+from host.spec.formats import Rounding
+from host.numerics.fp16 import binary_bits, binary_events_bits
+from host.spec.isa import REG_DEFAULTS, Opcode, Reg, Space, decode_program
+from host.spec.mfu import MfuOp, MfuUnit, allocate
+from host.model.core import NpuModel
+from host.numerics.mvm import mvm, quantize_fp16
+from sim.randprog import random_program
+from host.numerics.reduction import reduce_bits
+from host.numerics.unary import unary_bits, unary_events
 
 CONFIGS = {
     "n8t2m3": NpuConfig(n=8, tiles=2, mrf_depth=256, max_col_tiles=8, ivrf_depth=64,

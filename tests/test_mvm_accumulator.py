@@ -1,4 +1,4 @@
-"""``hw.mvm_accumulator.BfpAccumulator`` alone, in Amaranth's simulator: the row-block
+"""``hw.mvm.accumulator.BfpAccumulator`` alone, in Amaranth's simulator: the row-block
 sums against Python integers, for shifts over the whole range (below the clamp at
 ``-(dot_bits - 1)``, where a term is the dot product's sign, up to ``max_shift``).
 
@@ -13,8 +13,8 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from host.config import MvmConfig
-from hw.mvm_accumulator import BfpAccumulator
+from host.spec.config import MvmConfig
+from hw.mvm.accumulator import BfpAccumulator
 
 
 def _term(dot, shift):

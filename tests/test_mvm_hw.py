@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from host.config import MvmConfig
-from hw.mvm import Mvm
+from host.spec.config import MvmConfig
+from hw.mvm.mvm import Mvm
 from sim.runner import BUILD_ROOT, run_cocotb
 from sim.test_mvm import config_env
 

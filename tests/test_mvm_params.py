@@ -12,13 +12,13 @@ import warnings
 import pytest
 from amaranth.hdl import Shape
 
-from host.config import MvmConfig
-from hw.mvm import (
+from host.spec.config import MvmConfig
+from hw.mvm.mvm import (
     Mvm, command_layout, compute_latency, latency, mrf_address_layout, mrf_word_layout,
     output_fifo_depth, weight_row_layout,
 )
-from hw.mvm_accumulator import BfpAccumulator
-from hw.tile_engine import DotProductEngine, TileEngine, shift_offset, shift_range
+from hw.mvm.accumulator import BfpAccumulator
+from hw.mvm.tile_engine import DotProductEngine, TileEngine, shift_offset, shift_range
 
 
 def _quiet(component):

@@ -1,6 +1,6 @@
 """``quantize(x, 32, 8, "nearest-away")`` is OCP MXINT8 (OCP Microscaling Formats v1.0).
 
-The reference below implements the specification's conversion, not ``host.bfp``'s rules.
+The reference below implements the specification's conversion, not ``host.numerics.bfp``'s rules.
 
 What the specification says, and where this was read
 -----------------------------------------------------
@@ -34,17 +34,17 @@ Ambiguities, and what this file does about them
   instead, the project's ``"nearest-even"`` mode is the matching one:
   ``test_nearest_even_matches_the_ties_to_even_reading`` checks that too.
 * Element code -128 (0x80 = -2.0) exists in the INT8 encoding but the conversion clamps
-  to +-max_norm, so it is never produced, here or by ``host.bfp``. ``host.bfp.unpack``
+  to +-max_norm, so it is never produced, here or by ``host.numerics.bfp``. ``host.numerics.bfp.unpack``
   rejects it: an MXINT8 block written by another producer that uses -2.0 would be refused.
   Not a conversion property, so not tested here.
 * Scale range. floor(log2(amax)) of an FP32 subnormal is below -127, the smallest E8M0
   scale; the scale is clamped to 2^-127 (the emulator does the same: ``shared_exp <
   -scale_emax -> -scale_emax``). Tested with tiny blocks.
 * All-zero block: log2(0) is undefined, the specification gives no scale. Every element is
-  0 whatever X is; only that is tested. (``host.bfp`` picks code 0x00, the emulator
+  0 whatever X is; only that is tested. (``host.numerics.bfp`` picks code 0x00, the emulator
   effectively 2^-126: a documented project choice, tested in ``tests/test_bfp.py``.)
 * NaN/Inf inputs: the specification makes the scale NaN (0xFF) for element types without
-  Inf/NaN encodings; ``host.bfp`` instead raises by default and follows the device rule
+  Inf/NaN encodings; ``host.numerics.bfp`` instead raises by default and follows the device rule
   with ``nonfinite="saturate"``. Not MXINT8 behaviour, so not tested here.
 * The specification does not fix a memory layout of a block, so ``pack`` is not compared.
 """
@@ -54,8 +54,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from host import bfp
-
+from host.numerics import bfp
 K = 32                      # MX block size
 EMAX_ELEM = 0               # INT8
 ELEM_SCALE = Fraction(1, 64)  # implicit 2^-6

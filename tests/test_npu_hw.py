@@ -1,4 +1,4 @@
-"""The NPU core under an HDL simulator, bit-exact against :class:`host.model.NpuModel`.
+"""The NPU core under an HDL simulator, bit-exact against :class:`host.model.core.NpuModel`.
 
 The cocotb bench is ``sim/test_npu.py``; the build travels as JSON in ``NPU_CONFIG``.
 The regression runs the ``n8t1`` build (N = 8, T = 1, small memories) on both
@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from host.config import NpuConfig
-from hw.npu import NpuCore
+from host.spec.config import NpuConfig
+from hw.core.npu import NpuCore
 from sim.runner import run_cocotb
 
 ALL_BUILDS = {
@@ -71,10 +71,11 @@ def test_constructor_errors():
 
 
 def test_model_timing_uses_the_gateware_latencies():
-    """``host.model.Timing`` repeats the units' latencies (``host`` does not import
+    """``host.model.core.Timing`` repeats the units' latencies (``host`` does not import
     ``hw``); a change in the gateware must reach the model's cycle prediction."""
-    from host.model import Timing
-    from hw import fp16_arith, fp16_reduce, fp16_unary, mfu
+    from host.model.core import Timing
+    from hw.arith import fp16_arith, fp16_reduce, fp16_unary
+    from hw.mfu import mfu
     timing = Timing()
     assert timing.unit_input_stages == mfu.INPUT_STAGES
     assert timing.binary_latency == fp16_arith.LATENCY

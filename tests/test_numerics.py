@@ -1,4 +1,4 @@
-"""Tests of the bit-exact reference kernels in ``host.numerics``.
+"""Tests of the bit-exact reference kernels in ``host.numerics.mvm``.
 
 Expected values come from outside the code under test:
 
@@ -19,8 +19,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from host import numerics
-from host.formats import Rounding
+from host.numerics import mvm as numerics
+from host.spec.formats import Rounding
 from sim.fp16_vectors import find_testfloat
 
 EVEN, AWAY = "nearest-even", "nearest-away"

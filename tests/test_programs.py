@@ -1,5 +1,5 @@
 """The program builder's networks on the reference core, against compositions of
-``host.numerics`` primitives written here (bit for bit) and float64 NumPy (loosely).
+``host.numerics.mvm`` primitives written here (bit for bit) and float64 NumPy (loosely).
 
 Two builds (N = 8, T = 1 and N = 16, T = 2); every logical size is not a multiple of N.
 """
@@ -7,10 +7,13 @@ Two builds (N = 8, T = 1 and N = 16, T = 2); every logical size is not a multipl
 import numpy as np
 import pytest
 
-from host import programs as P
-from host.config import NpuConfig
-from host.model import NpuModel
-from host.numerics import binary, mvm, quantize_fp16, reduce, unary
+from host.compiler import programs as P
+from host.spec.config import NpuConfig
+from host.model.core import NpuModel
+from host.numerics.fp16 import binary
+from host.numerics.mvm import mvm, quantize_fp16
+from host.numerics.reduction import reduce
+from host.numerics.unary import unary
 
 CONFIGS = {
     "n8t1": NpuConfig(n=8, tiles=1, mrf_depth=512, max_col_tiles=32, ivrf_depth=512,
@@ -31,7 +34,7 @@ def rand(rng, *shape, scale=0.5):
 
 def matvec(cfg, w, x):
     """The MVM on a logical FP16 matrix and vector: rows quantized in blocks of N (what
-    the on-chip quantizer stores), then ``host.numerics.mvm``; returns float16."""
+    the on-chip quantizer stores), then ``host.numerics.mvm.mvm``; returns float16."""
     n = cfg.n
     rows, cols = w.shape
     big_c = -(-cols // n)
@@ -226,7 +229,7 @@ def test_softmax_head(cfg):
 
 
 def test_program_text_round_trips(cfg):
-    from host.asm import assemble
+    from host.compiler.asm import assemble
     rng = np.random.default_rng(7)
     prog = P.lstm_sequence(cfg, lstm_weights(rng, 9, 5), rand(rng, 2, 5), rand(rng, 9),
                            rand(rng, 9))

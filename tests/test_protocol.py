@@ -1,4 +1,4 @@
-"""Unit tests of ``host.protocol``: CRCs, frame encoding, the resynchronising decoder,
+"""Unit tests of ``host.spec.protocol``: CRCs, frame encoding, the resynchronising decoder,
 payload codecs and the layouts the gateware will import.
 
 Expected frames are assembled here byte by byte from ``docs/protocol.md`` with bitwise
@@ -10,8 +10,8 @@ import struct
 
 import pytest
 
-from host import protocol as p
-from host.protocol import Frame, FrameDecoder, FrameError, Opcode, Status
+from host.spec import protocol as p
+from host.spec.protocol import Frame, FrameDecoder, FrameError, Opcode, Status
 
 
 def crc16_bitwise(data: bytes) -> int:

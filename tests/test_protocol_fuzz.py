@@ -1,4 +1,4 @@
-"""Seeded fuzz test of ``host.server.ProtocolServer``: 12,000 random and mutated frames.
+"""Seeded fuzz test of ``host.runtime.server.ProtocolServer``: 12,000 random and mutated frames.
 
 Each case feeds the server one unit of bytes: a valid request with random (often out of
 range) fields, or one mutated (bits flipped anywhere, cut short, lengthened, wrong length
@@ -23,9 +23,9 @@ import struct
 
 import numpy as np
 
-from host import protocol as p
-from host.isa import Space
-from host.protocol import Frame, FrameDecoder, Opcode, Status
+from host.spec import protocol as p
+from host.spec.isa import Space
+from host.spec.protocol import Frame, FrameDecoder, Opcode, Status
 
 from test_protocol_server import SMALL, Link, device_state, load_mlp
 

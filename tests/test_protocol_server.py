@@ -1,7 +1,7 @@
-"""``host.server.ProtocolServer`` against the reference model: every opcode, every error
+"""``host.runtime.server.ProtocolServer`` against the reference model: every opcode, every error
 reply, and the state left intact by every refused request.
 
-Requests are built with ``host.protocol.encode_frame`` (checked byte for byte against
+Requests are built with ``host.spec.protocol.encode_frame`` (checked byte for byte against
 hand-assembled frames in ``test_protocol.py``); reply payloads are unpacked here with
 ``struct`` from the layouts of ``docs/protocol.md``. Expected data come from a twin
 ``NpuModel`` driven directly through its own API, never from the server.
@@ -16,12 +16,12 @@ import struct
 import numpy as np
 import pytest
 
-from host import protocol as p
-from host.config import NpuConfig
-from host.isa import ErrorCode, Instruction as I, Reg, Space, encode_program
-from host.model import NpuModel
-from host.protocol import Frame, FrameDecoder, Opcode, Status
-from host.server import ProtocolServer
+from host.spec import protocol as p
+from host.spec.config import NpuConfig
+from host.spec.isa import ErrorCode, Instruction as I, Reg, Space, encode_program
+from host.model.core import NpuModel
+from host.spec.protocol import Frame, FrameDecoder, Opcode, Status
+from host.runtime.server import ProtocolServer
 
 #: A small build: every memory a few words deep, so that ranges are quick to exceed and
 #: state snapshots are cheap.

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from hw.quantizer import VectorQuantizer
+from hw.mvm.quantizer import VectorQuantizer
 from sim.runner import run_cocotb
 
 VECTORS = int(os.environ.get("VQ_VECTORS", "30000"))

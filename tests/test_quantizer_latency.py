@@ -1,4 +1,4 @@
-"""``hw.quantizer.VectorQuantizer``'s stated timing, in Amaranth's simulator: a vector
+"""``hw.mvm.quantizer.VectorQuantizer``'s stated timing, in Amaranth's simulator: a vector
 taken at an edge is offered ``LATENCY`` edges later, and its counts are in the counters
 one edge after the block leaves (the cocotb bench, ``tests/test_quantizer_hw.py``, checks
 the values and the counters every cycle; the MVM's cycle formula relies on the latency).
@@ -6,7 +6,7 @@ the values and the counters every cycle; the MVM's cycle formula relies on the l
 
 from amaranth.sim import Simulator
 
-from hw.quantizer import LATENCY, VectorQuantizer
+from hw.mvm.quantizer import LATENCY, VectorQuantizer
 
 _INF = 0x7C00                        # FP16 +inf: counted as non-finite, becomes 65504
 _ONE = 0x3C00

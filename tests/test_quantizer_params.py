@@ -3,8 +3,8 @@
 import pytest
 from amaranth.back import verilog
 
-from host.formats import Rounding, block_layout
-from hw.quantizer import LATENCY, VectorQuantizer
+from host.spec.formats import Rounding, block_layout
+from hw.mvm.quantizer import LATENCY, VectorQuantizer
 
 # Components built here only to look at them are never elaborated, on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")

@@ -1,5 +1,5 @@
-"""``host.transport.SerialTransport`` and ``connect`` against a pseudo-terminal whose far
-end runs a ``ProtocolServer`` over the model (``host.server.PtyServer``): the real serial
+"""``host.runtime.transport.SerialTransport`` and ``connect`` against a pseudo-terminal whose far
+end runs a ``ProtocolServer`` over the model (``host.runtime.server.PtyServer``): the real serial
 code path (pyserial, termios, the kernel's tty layer) without a board.
 
 The device-level tests in ``test_device.py`` run over this transport too; these are the
@@ -13,14 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from host import protocol as p
-from host.config import NpuConfig
-from host.device import Device
-from host.isa import Space
-from host.model import NpuModel
-from host.protocol import Frame, FrameDecoder, Opcode, Status
-from host.server import ProtocolServer, PtyServer
-from host.transport import ModelTransport, SerialTransport, TransportError, connect
+from host.spec import protocol as p
+from host.spec.config import NpuConfig
+from host.runtime.device import Device
+from host.spec.isa import Space
+from host.model.core import NpuModel
+from host.spec.protocol import Frame, FrameDecoder, Opcode, Status
+from host.runtime.server import ProtocolServer, PtyServer
+from host.runtime.transport import ModelTransport, SerialTransport, TransportError, connect
 
 CFG = NpuConfig(n=4, tiles=2, mrf_depth=8, ivrf_depth=4096, vrf_depth=16, netq_depth=16,
                 program_depth=64, max_length=4, max_col_tiles=4)

@@ -1,15 +1,17 @@
-"""Softmax on the MFU model (:mod:`host.softmax`): the three chains, and the proven error
+"""Softmax on the MFU model (:mod:`host.model.softmax`): the three chains, and the proven error
 bound against a float64 softmax asserted over many random vectors."""
 
 import numpy as np
 import pytest
 
-from host.mfu import MfuConfig, MfuVrfs, allocate, run_chain
-from host.softmax import (
+from host.spec.mfu import MfuConfig, allocate
+from host.model.mfu import MfuVrfs, run_chain
+from host.model.softmax import (
     run_softmax, softmax_bits, softmax_bound, softmax_constants, softmax_ops,
     softmax_reference,
 )
-from host.unary import UnaryOp, unary_bits
+from host.spec.ops import UnaryOp
+from host.numerics.unary import unary_bits
 
 CFG = MfuConfig(n=16, mfus=2, vrf_depth=32, max_length=8)
 

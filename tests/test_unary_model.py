@@ -1,4 +1,4 @@
-"""The FP16 unary functions' reference model (``host/unary.py``): error bounds measured on
+"""The FP16 unary functions' reference model (``host/numerics/unary.py``): error bounds measured on
 all 65,536 inputs against float64 rounded once, special values, events, tables, API.
 
 The numbers asserted here are the table of ``docs/unary-functions.md`` section 5; a change
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from host import unary as U
-from host.unary import UnaryOp
+from host.numerics import unary as U
+from host.spec.ops import UnaryOp
 
 ALL = np.arange(1 << 16).astype(np.uint16)
 NAN = 0x7E00

@@ -1,0 +1,813 @@
+"""The bit-exact reference model of the NPU core: the executable specification.
+
+:class:`NpuModel` holds every memory of a core (program, InitialVrf, the MFU VRFs, the
+MRF, the network queues), its scalar registers, counters and sticky error flag, and
+executes binary programs (:mod:`host.spec.isa`) chain by chain with the bit-exact kernels of
+:mod:`host.numerics.mvm` and :mod:`host.spec.mfu`. It also predicts the cycle count of a run from
+the build parameters (:class:`Timing`, ``docs/isa.md`` section "Timing model").
+
+The host link (``host.runtime.device``) and the tests drive exactly this API; the gateware and
+the model agree bit for bit on every output, memory word and counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from host.spec.counters import counter_names
+from host.spec.protocol import build_info
+
+from host.numerics import bfp
+from host.spec.config import NpuConfig
+from host.spec.formats import MAX_EXPONENT_CODE, Rounding, block_bytes, check_int
+from host.spec.isa import (
+    REG_DEFAULTS, Chain, ErrorCode, Instruction, IsaError, Opcode, Reg, Space, decode,
+    parse_chain, register_limits,
+)
+from host.spec.mfu import MfuOp, MfuUnit, allocate
+from host.model.mfu import MfuVrfs, run_chain
+from host.numerics.mvm import mvm, quantize_fp16
+
+__all__ = ["NpuError", "RunResult", "NpuModel", "Timing", "mvm_latency"]
+
+class NpuError(Exception):
+    """A refused host request or a device error: ``code`` (ErrorCode) and ``message``."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(f"{ErrorCode(code).name}: {message}")
+        self.code = ErrorCode(code)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What :meth:`NpuModel.run` reports.
+
+    cycles_predicted : predicted cycles from start to ``end`` (or to the error)
+    chains : chain instances executed (a chain with ITERATIONS = k counts k)
+    instructions : instructions executed (each instruction of a chain once)
+    error : ErrorCode of the run (NONE when it reached ``end``)
+    pc : index of the ``end`` reached, or of the instruction that failed
+    message : what went wrong ('' without error)
+    """
+    cycles_predicted: int
+    chains: int
+    instructions: int
+    error: ErrorCode
+    pc: int
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is ErrorCode.NONE
+
+
+# --- timing model -----------------------------------------------------------------------------
+
+def mvm_latency(config) -> tuple[int, int]:
+    """``(front, back)`` of the MVM's cycle formula (``docs/mvm.md`` section 7).
+
+    ``front = 4 + 1 + 8 + 2``: command check, the vector's input register, vector
+    quantizer, block FIFO and block write; the sequencer starts ``C + front`` edges
+    after the command. ``back =
+    compute_latency + 2``: from the last MRF read to the last output vector.
+    ``C + R*G + front + back`` is ``hw.mvm.mvm.latency`` plus ``C + R*G``, which
+    ``tests/test_model.py`` checks.
+    """
+    stages = -(-(config.n.bit_length() - 1) // 2)          # adder tree, 2 levels each
+    prefix = (config.tiles - 1).bit_length()               # ceil(log2 T)
+    compute = (3 + 2 + stages) + (3 + prefix) + 4
+    return 4 + 1 + 8 + 2, compute + 2
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Constants of the timing model (cycles); ``docs/npu.md`` section 4 explains each.
+
+    The unit latencies are those of the gateware (``hw.arith.fp16_arith.LATENCY``,
+    ``hw.arith.fp16_unary.LATENCY``, ``hw.arith.fp16_reduce.NODE_LATENCY``, ``hw.mfu.mfu.INPUT_STAGES``);
+    ``host`` does not import ``hw``, so they are repeated here and a change there must be
+    made here too.
+    """
+    fetch_latency: int = 1           #: ``run`` to the first instruction decoded
+    decode_per_instruction: int = 1
+    chain_overhead: int = 5          #: per chain: check, hand-off, taken by the issuer
+    decode_queue: int = 2            #: decoded chains waiting ahead of the one issuing
+    in_flight: int = 4               #: instances issued and not yet written (scoreboard)
+    read_latency: int = 4            #: issue to the first source vector at the MFU input
+    load_offset: int = -1            #: the MVM's loader, relative to ``read_latency``
+    mfu_setup: int = 6               #: issue to the chain taken by the MFU pipeline
+    unit_input_stages: int = 2       #: an MFU unit's input registers, per op
+    binary_latency: int = 6          #: an ADDSUB or MUL unit
+    unary_latency: int = 15          #: the ACT unit
+    reduce_node_latency: int = 6     #: one adder level of the REDUCE unit
+    mfu_accept: int = 2              #: last output taken to the next chain taken
+    retire_latency: int = 1          #: last write to the scoreboard entry freed
+    end_latency: int = 1             #: last retirement (or ``end`` decoded) to ``done``
+
+
+class _Clock:
+    """The timing model run alongside the execution: one call per chain instance.
+
+    It follows the core's resources (``docs/npu.md`` section 4): in-order issue with a
+    write scoreboard of ``in_flight`` instances (RAW only), one reader, the MVM's loader
+    and sequencer (``docs/mvm.md`` section 7), and one MFU pipeline that takes a chain
+    only when the previous one has left it, feeding a writer that takes one cycle per
+    vector and destination.
+    """
+
+    def __init__(self, config: NpuConfig, timing: Timing):
+        self.cfg = config
+        self.t = timing
+        self.front, self.back = mvm_latency(config)
+        levels = (config.n - 1).bit_length() + (config.max_length - 1).bit_length()
+        self.reduce_latency = (timing.reduce_node_latency + 1) * levels + 2
+        self.decode = timing.fetch_latency   # cycle at which the decoder has decoded so far
+        self.issued = []         # issue cycles of chains (for the decode queue)
+        self.issue_free = 0      # the issuer takes one instance per cycle
+        self.rd_free = 0         # the reader is free
+        self.load_free = 0
+        self.seq_free = 0
+        self.seq_ends = []       # last sequencer cycle of each product
+        self.mfu_free = 0        # the MFU pipeline can take the next chain
+        self.direct = []         # MFU arrivals of the last direct vectors (reader's buffer)
+        self.retired = []        # retire cycles of the instances, in issue order
+        self.done = 0
+        self.flight = []         # (retire, writes) of instances maybe in flight
+
+    def instructions(self, count: int):
+        """Instructions decoded outside chains (s_wr, end)."""
+        self.decode += count * self.t.decode_per_instruction
+
+    def chain(self, n_instr: int):
+        """A chain's instructions are decoded once, before its first instance issues."""
+        q = self.t.decode_queue
+        if len(self.issued) >= q:
+            self.decode = max(self.decode, self.issued[-q])
+        self.decode += n_instr * self.t.decode_per_instruction + self.t.chain_overhead
+
+    def _fill(self, ops, length: int) -> tuple[int, int]:
+        """``(fill, pipe)`` of an MFU chain: edges from acceptance to the first output
+        with the input offered at once (``docs/mfu.md`` section 6), and from an input
+        vector to its output."""
+        t = self.t
+        lat = {MfuUnit.ADDSUB: t.binary_latency, MfuUnit.MUL: t.binary_latency,
+               MfuUnit.ACT: t.unary_latency,
+               MfuUnit.REDUCE: length - 1 + self.reduce_latency}
+        pipe = 1 + sum(t.unit_input_stages + lat[op.unit] for op in ops)
+        vrf_first = bool(ops) and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL)
+        return pipe + vrf_first, pipe - 1
+
+    def instance(self, c_in, length, mvm_cols, ops, reads, writes, dests):
+        """One chain instance: advances the resources.
+
+        ``c_in`` native vectors read; ``length`` (L) vectors out; ``mvm_cols`` C of the
+        product or None; ``ops`` the chain's ``MfuOp`` list; ``reads``/``writes``: lists of
+        ``(space, start, stop)`` of vector memories (not NETQ); ``dests`` the number of
+        ``v_wr`` (NETQ included).
+        """
+        t = self.t
+        # Issue: decoded, one per cycle, a free scoreboard entry, and no read of a range
+        # an instance in flight still writes (later writes cannot overtake earlier reads
+        # or writes: everything after the issuer is in order).
+        start = max(self.decode, self.issue_free)
+        if len(self.retired) >= t.in_flight:
+            start = max(start, self.retired[-t.in_flight])
+        for retire, wr in self.flight:
+            if retire > start and _overlaps(wr, reads):
+                start = max(start, retire)
+        self.issued.append(start)
+        self.issue_free = start + 1
+        # The MFU pipeline takes the chain once the previous one has left it.
+        accept = max(self.mfu_free, start + t.mfu_setup)
+        fill, pipe = self._fill(ops, length)
+        read = max(start + t.read_latency, self.rd_free)
+        if mvm_cols is not None:
+            groups = -(-mvm_cols // self.cfg.tiles)
+            # The loader takes the command and its C vectors once a buffer half is free:
+            # the half of the product before the previous one has been sequenced.
+            before_previous = self.seq_ends[-2] if len(self.seq_ends) > 1 else 0
+            load = max(read + t.load_offset, self.load_free, before_previous)
+            self.load_free = load + mvm_cols + 1
+            self.rd_free = load + c_in + 1
+            seq = max(load + mvm_cols + self.front, self.seq_free)
+            self.seq_free = seq + length * groups
+            self.seq_ends.append(self.seq_free)
+            arrive = [seq + (k + 1) * groups + self.back - 1 for k in range(length)]
+        else:
+            # Direct vectors wait in the reader's direct buffer for the MFU. The reader
+            # writes a vector only while fewer than depth - 1 wait there (earlier
+            # chains' included), so it is held until the vector depth - 1 places back
+            # has gone on to the MFU pipeline.
+            arrive = [max(read + k, accept + 1 + k) for k in range(length)]
+            held = self.direct[1 - self.cfg.direct_depth:] + arrive
+            room = held[-self.cfg.direct_depth] if len(held) >= self.cfg.direct_depth else 0
+            self.rd_free = max(read + c_in, room) + 1
+            self.direct = held
+        # Outputs: one per cycle at best, one per destination while the writer writes.
+        out = max(accept + fill, arrive[0] + pipe)
+        reduces = sum(op.unit is MfuUnit.REDUCE for op in ops)
+        if reduces:                            # a reduction waits for the last vector
+            out = max(out, arrive[-1] + pipe - reduces * (length - 1))
+        for a in arrive[1:]:
+            out = max(out + dests, a + pipe)
+        last = out + dests - 1                 # the writer's last write
+        self.mfu_free = last + t.mfu_accept
+        retire = last + t.retire_latency
+        self.retired.append(retire)
+        self.flight = [f for f in self.flight if f[0] > start] + [(retire, writes)]
+        self.done = max(self.done, retire)
+
+    def total(self) -> int:
+        return max(self.done, self.decode) + self.t.end_latency
+
+
+def _space(space) -> Space:
+    try:
+        return Space(space)
+    except ValueError:
+        raise NpuError(ErrorCode.ILLEGAL_FIELD, f"no memory space {space!r}") from None
+
+
+def _overlaps(a, b) -> bool:
+    return any(sa is sb and x0 < y1 and y0 < x1 for sa, x0, x1 in a for sb, y0, y1 in b)
+
+
+# --- the model --------------------------------------------------------------------------------
+
+class NpuModel:
+    """The reference NPU core.
+
+    Parameters
+    ----------
+    config : NpuConfig
+    timing : Timing, optional
+        Constants of the cycle prediction.
+
+    Vector memories (IVRF, the MFUs' ASVRF/MULVRF) hold native vectors: ``read`` and
+    ``write`` take and return uint16 arrays of shape ``(count, n)`` (FP16 bits). The MRF
+    holds packed weight words (``host.spec.formats.block_layout(n, m_w)`` as an int, i.e.
+    ``host.numerics.bfp.pack`` of one tile row read little-endian) at the flat addresses of
+    :func:`host.spec.isa.mrf_address`. Host requests that are out of range raise
+    :class:`NpuError` and change nothing; they never set the sticky error, which only
+    :meth:`run` sets.
+    """
+
+    def __init__(self, config: NpuConfig, timing: Timing | None = None):
+        if not isinstance(config, NpuConfig):
+            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        self.config = config
+        self.timing = timing if timing is not None else Timing()
+        self._mvm_cfg = config.mvm
+        self._mfu_cfg = config.mfu
+        self.reset()
+
+    # --- state ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Everything to its power-on state: memories and program zero, queues empty,
+        registers at their defaults, counters zero, no error."""
+        cfg = self.config
+        self._ivrf = np.zeros((cfg.ivrf_depth, cfg.n), np.uint16)
+        self._vrfs = MfuVrfs(self._mfu_cfg)
+        self._mrf_codes = np.zeros((cfg.tiles, cfg.n, cfg.mrf_depth), np.uint8)
+        self._mrf_mant = np.zeros((cfg.tiles, cfg.n, cfg.mrf_depth, cfg.n), np.int16)
+        self._program = np.zeros(cfg.program_depth, np.uint64)
+        self._program_length = 0
+        self._inq = np.zeros((0, cfg.n), np.uint16)
+        self._outq = np.zeros((0, cfg.n), np.uint16)
+        self._regs = self._default_registers()
+        self.clear_counters()
+        self._error = ErrorCode.NONE
+        self._error_message = ""
+
+    def _default_registers(self) -> dict:
+        return {r: (self.config.n if v is None else v) for r, v in REG_DEFAULTS.items()}
+
+    @property
+    def error(self) -> ErrorCode:
+        """The sticky error flag (the first error since the last :meth:`clear_error`)."""
+        return self._error
+
+    @property
+    def error_message(self) -> str:
+        return self._error_message
+
+    def clear_error(self) -> None:
+        self._error = ErrorCode.NONE
+        self._error_message = ""
+
+    @property
+    def registers(self) -> dict:
+        """The scalar registers as the last run left them (``Reg: int``), a copy."""
+        return dict(self._regs)
+
+    def info(self) -> dict:
+        """Build parameters (``NpuConfig`` fields, unary ops by name) and derived sizes."""
+        return build_info(self.config)
+
+    # --- counters ------------------------------------------------------------------------
+
+    def clear_counters(self) -> None:
+        self._counters = {name: 0 for name in counter_names(self.config)}
+
+    def counters(self) -> dict[str, int]:
+        """Every counter: the MVM's (:data:`MVM_COUNTERS`) and ``mfu<m>_overflow``,
+        ``mfu<m>_nan_created``; each saturates at ``2**counter_bits - 1``."""
+        return dict(self._counters)
+
+    def _count(self, name: str, events: int) -> None:
+        top = (1 << self.config.counter_bits) - 1
+        self._counters[name] = min(top, self._counters[name] + int(events))
+
+    # --- host access -----------------------------------------------------------------------
+
+    def _vector_memory(self, space) -> np.ndarray:
+        space = _space(space)
+        if space is Space.IVRF:
+            return self._ivrf
+        m = space.mfu
+        if m is None or m >= self.config.mfus:
+            raise NpuError(ErrorCode.ILLEGAL_FIELD,
+                           f"{space.name} is not a vector memory of this build "
+                           f"({self.config.mfus} MFUs; use push_input/pop_output for NETQ)")
+        return (self._vrfs.addsub if space.value % 2 == 0 else self._vrfs.mul)[m]
+
+    def _range(self, what, addr, count, depth):
+        try:
+            addr = check_int("addr", addr, 0)
+            count = check_int("count", count, 0)
+        except (TypeError, ValueError) as e:
+            raise NpuError(ErrorCode.ADDRESS_RANGE, f"{what}: {e}") from None
+        if addr + count > depth:
+            raise NpuError(ErrorCode.ADDRESS_RANGE, f"{what}: addr {addr} + count {count} "
+                                                    f"is beyond its depth {depth}")
+        return addr, count
+
+    def write(self, space, addr: int, data) -> None:
+        """Write native vectors (uint16 ``(count, n)``) or MRF words (ints) at ``addr``.
+
+        Raises
+        ------
+        NpuError
+            ILLEGAL_FIELD (no such space, NETQ), ADDRESS_RANGE, SIZE_RANGE (wrong shape
+            or dtype), MRF_WORD (a word wider than the MRF word, or with an exponent code
+            above 142); nothing is written then.
+        """
+        if _space(space) is Space.MRF:
+            return self._write_mrf(addr, data)
+        mem = self._vector_memory(space)
+        arr = np.asarray(data)
+        if arr.dtype != np.uint16 or arr.ndim != 2 or arr.shape[1] != self.config.n:
+            raise NpuError(ErrorCode.SIZE_RANGE, f"data must be a uint16 array of shape "
+                                                 f"(count, {self.config.n}), not "
+                                                 f"{arr.dtype} {arr.shape}")
+        addr, count = self._range(Space(space).name, addr, len(arr), len(mem))
+        mem[addr:addr + count] = arr
+
+    def read(self, space, addr: int, count: int):
+        """Read ``count`` native vectors (uint16 ``(count, n)``) or MRF words (a list of
+        ints) from ``addr``.
+
+        Raises
+        ------
+        NpuError
+            ILLEGAL_FIELD (no such space, NETQ), ADDRESS_RANGE.
+        """
+        if _space(space) is Space.MRF:
+            return self._read_mrf(addr, count)
+        mem = self._vector_memory(space)
+        addr, count = self._range(Space(space).name, addr, count, len(mem))
+        return mem[addr:addr + count].copy()
+
+    def _mrf_index(self, addr, count):
+        cfg = self.config
+        addr, count = self._range("MRF", addr, count, cfg.mrf_words)
+        flat = np.arange(addr, addr + count)
+        row = flat % cfg.n
+        rest = flat // cfg.n
+        return rest % cfg.tiles, row, rest // cfg.tiles
+
+    def _write_mrf(self, addr, words) -> None:
+        cfg = self.config
+        words = [words] if isinstance(words, int) else list(words)
+        engine, row, slot = self._mrf_index(addr, len(words))
+        nbytes = block_bytes(cfg.n, cfg.mantissa_bits_w)
+        bits = self._mvm_cfg.weight_block_bits
+        raw = np.zeros((len(words), nbytes), np.uint8)
+        for i, w in enumerate(words):
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)) \
+                    or not 0 <= w < (1 << bits):
+                raise NpuError(ErrorCode.MRF_WORD, f"MRF word {i} must be an int of "
+                                                   f"{bits} bits, not {w!r}")
+            raw[i] = np.frombuffer(int(w).to_bytes(nbytes, "little"), np.uint8)
+        # The word's fields are those of host.numerics.bfp's packed block (the same bit layout).
+        codes, q = bfp._unpack_fields(raw, cfg.n, cfg.mantissa_bits_w)
+        if len(codes) and codes.max() > MAX_EXPONENT_CODE:
+            i = int(np.argmax(codes > MAX_EXPONENT_CODE))
+            raise NpuError(ErrorCode.MRF_WORD, f"MRF word {i} has exponent code "
+                                               f"{int(codes[i])}, above {MAX_EXPONENT_CODE}")
+        self._mrf_codes[engine, row, slot] = codes
+        self._mrf_mant[engine, row, slot] = q
+
+    def _read_mrf(self, addr, count) -> list[int]:
+        cfg = self.config
+        engine, row, slot = self._mrf_index(addr, count)
+        rows = bfp._pack_fields(self._mrf_codes[engine, row, slot],
+                                self._mrf_mant[engine, row, slot], cfg.n,
+                                cfg.mantissa_bits_w)
+        return [int.from_bytes(r.tobytes(), "little") for r in rows]
+
+    def write_weights(self, base_slot: int, matrix_fp16, rounding=Rounding.NEAREST_EVEN,
+                      static_exponent: int | None = None) -> tuple[int, int]:
+        """Quantize a logical matrix on chip and place it from tile slot ``base_slot``.
+
+        The matrix (FP16: a ``float16`` array or uint16 bits, shape ``(rows, cols)``) is
+        zero padded to whole tiles; tile ``(r, c)`` goes where
+        ``MvmConfig.tile_slot(base_slot, r, c, C)`` says, each tile row quantized to one
+        MRF word with ``m_w``-bit mantissas, ``rounding``, and the dynamic exponent or the
+        static one (``static_exponent``: an E8M0 code, at most 142). The weight counters
+        count the quantizer's events. Returns ``(R, C)``, the tiles of the matrix.
+
+        Raises
+        ------
+        NpuError
+            SIZE_RANGE (not 2-D, C > max_col_tiles, not FP16), ADDRESS_RANGE (slots
+            beyond mrf_depth), MRF_WORD (static exponent above 142); nothing is
+            written or counted then.
+        """
+        cfg = self.config
+        w = np.asarray(matrix_fp16)
+        if w.dtype == np.float16:
+            w = w.view(np.uint16)
+        if w.dtype != np.uint16 or w.ndim != 2 or 0 in w.shape:
+            raise NpuError(ErrorCode.SIZE_RANGE, f"matrix must be a 2-D float16 or uint16 "
+                                                 f"array, not {w.dtype} {w.shape}")
+        rounding = Rounding.parse(rounding)
+        tiles = bfp.split_matrix(w, cfg.n)                       # (R, C, n, n)
+        big_r, big_c = tiles.shape[:2]
+        if big_c > cfg.max_col_tiles:
+            raise NpuError(ErrorCode.SIZE_RANGE, f"matrix has {big_c} column tiles, more "
+                                                 f"than max_col_tiles {cfg.max_col_tiles}")
+        base_slot = self._range("MRF slot", base_slot, 0, cfg.mrf_depth)[0]
+        need = self._mvm_cfg.slots_needed(big_r, big_c)
+        if base_slot + need > cfg.mrf_depth:
+            raise NpuError(ErrorCode.ADDRESS_RANGE, f"matrix of {big_r} x {big_c} tiles at "
+                                                    f"slot {base_slot} needs slots up to "
+                                                    f"{base_slot + need - 1}, beyond "
+                                                    f"mrf_depth {cfg.mrf_depth}")
+        if static_exponent is not None:
+            try:
+                static_exponent = check_int("static_exponent", static_exponent, 0,
+                                            MAX_EXPONENT_CODE)
+            except (TypeError, ValueError) as e:
+                raise NpuError(ErrorCode.MRF_WORD, str(e)) from None
+        q = quantize_fp16(tiles, cfg.mantissa_bits_w, rounding, static_exponent)
+        groups = -(-big_c // cfg.tiles)
+        c = np.arange(big_c)
+        slots = base_slot + np.arange(big_r)[:, None] * groups + c[None, :] // cfg.tiles
+        engines = np.broadcast_to(c % cfg.tiles, slots.shape)
+        # q.exponent_codes is (R, C, n rows); the MRF is indexed [engine, row, slot].
+        self._mrf_codes[engines[..., None], np.arange(cfg.n), slots[..., None]] = \
+            q.exponent_codes
+        self._mrf_mant[engines[..., None], np.arange(cfg.n), slots[..., None]] = q.mantissas
+        self._count("weight_saturations", q.saturated.sum())
+        self._count("weight_nonfinite", q.nonfinite.sum())
+        return big_r, big_c
+
+    # --- queues and program ----------------------------------------------------------------
+
+    @property
+    def input_level(self) -> int:
+        """Native vectors waiting in the input queue."""
+        return len(self._inq)
+
+    @property
+    def output_level(self) -> int:
+        """Native vectors waiting in the output queue."""
+        return len(self._outq)
+
+    def push_input(self, vectors) -> None:
+        """Append native vectors (uint16 ``(k, n)``) to the input queue.
+
+        Raises
+        ------
+        NpuError
+            SIZE_RANGE (shape or dtype), QUEUE_OVERFLOW (beyond netq_depth; nothing
+            queued then).
+        """
+        arr = np.asarray(vectors)
+        if arr.dtype != np.uint16 or arr.ndim != 2 or arr.shape[1] != self.config.n:
+            raise NpuError(ErrorCode.SIZE_RANGE, f"vectors must be a uint16 array of shape "
+                                                 f"(k, {self.config.n}), not {arr.dtype} "
+                                                 f"{arr.shape}")
+        if len(self._inq) + len(arr) > self.config.netq_depth:
+            raise NpuError(ErrorCode.QUEUE_OVERFLOW,
+                           f"{len(arr)} vectors do not fit the input queue ({len(self._inq)} "
+                           f"of {self.config.netq_depth} used)")
+        self._inq = np.concatenate([self._inq, arr])
+
+    def pop_output(self, count: int) -> np.ndarray:
+        """Take ``count`` native vectors (uint16 ``(count, n)``) from the output queue.
+
+        Raises
+        ------
+        NpuError
+            QUEUE_UNDERFLOW (fewer queued; nothing taken then).
+        """
+        count = check_int("count", count, 0)
+        if count > len(self._outq):
+            raise NpuError(ErrorCode.QUEUE_UNDERFLOW, f"{count} vectors asked, "
+                                                      f"{len(self._outq)} queued")
+        out, self._outq = self._outq[:count].copy(), self._outq[count:]
+        return out
+
+    def load_program(self, words) -> None:
+        """Load a program (``uint64`` words) at address 0; the rest of program memory is
+        erased (zero words are illegal). Words are decoded when executed.
+
+        Raises
+        ------
+        NpuError
+            PROGRAM_RANGE (more than program_depth words, or none), SIZE_RANGE (not a
+            1-D array of 64-bit words); the loaded program is unchanged then.
+        """
+        try:
+            arr = np.asarray(words, dtype=np.uint64)
+        except (OverflowError, ValueError, TypeError) as e:
+            raise NpuError(ErrorCode.SIZE_RANGE, f"words must be 64-bit words: {e}") from None
+        if arr.ndim != 1:
+            raise NpuError(ErrorCode.SIZE_RANGE, f"words must be 1-D, not {arr.shape}")
+        if not 1 <= len(arr) <= self.config.program_depth:
+            raise NpuError(ErrorCode.PROGRAM_RANGE, f"program of {len(arr)} words; program "
+                                                    f"memory holds 1 to "
+                                                    f"{self.config.program_depth}")
+        self._program[:] = 0
+        self._program[:len(arr)] = arr
+        self._program_length = len(arr)
+
+    # --- execution -------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Execute the loaded program from instruction 0 to ``end``.
+
+        The scalar registers start at their power-on values. An illegal instruction or a
+        run-time range error stops the run before the failing chain changes anything and
+        sets the sticky :attr:`error`. A device whose error flag is set does not start
+        (the result repeats the flag) until :meth:`clear_error`.
+        """
+        if self._error is not ErrorCode.NONE:
+            return RunResult(0, 0, 0, self._error, 0, "error flag set; clear_error first")
+        self._regs = self._default_registers()
+        clock = _Clock(self.config, self.timing)
+        chains = instructions = pc = 0
+        cache = {}
+
+        def fetch(i):
+            if i >= self._program_length:
+                raise IsaError(ErrorCode.PROGRAM_RANGE,
+                               f"instruction {i} is past the program's end "
+                               f"({self._program_length} words) without end", i)
+            if i not in cache:
+                cache[i] = decode(int(self._program[i]), i)
+            return cache[i]
+
+        try:
+            while True:
+                ins = fetch(pc)
+                if ins.opcode is Opcode.END:
+                    clock.instructions(1)
+                    instructions += 1
+                    break
+                if ins.opcode is Opcode.S_WR:
+                    self._set_register(ins, pc)
+                    clock.instructions(1)
+                    instructions += 1
+                    pc += 1
+                elif ins.opcode is Opcode.V_RD:
+                    chain = parse_chain(fetch, pc)
+                    chains += self._execute(chain, clock)
+                    instructions += chain.stop - chain.start
+                    pc = chain.stop
+                else:
+                    raise IsaError(ErrorCode.CHAIN_STRUCTURE,
+                                   f"instruction {pc}: {ins} outside a chain", pc)
+        except IsaError as e:
+            self._error = e.code
+            self._error_message = e.message
+            where = e.index if e.index is not None else pc
+            return RunResult(clock.total(), chains, instructions, e.code, where, e.message)
+        return RunResult(clock.total(), chains, instructions, ErrorCode.NONE, pc)
+
+    def _set_register(self, ins: Instruction, pc: int) -> None:
+        reg, v = ins.func, ins.operand
+        lo, hi = register_limits(self.config)[reg]
+        if not lo <= v <= hi:
+            raise IsaError(ErrorCode.REGISTER_VALUE, f"instruction {pc}: s_wr "
+                                                     f"{reg.name.lower()}, {v}: the value "
+                                                     f"must be from {lo} to {hi}", pc)
+        self._regs[reg] = v
+
+    def _plan(self, chain: Chain):
+        """Check a chain against the registers and memories; return its plan.
+
+        Raises IsaError for anything that would fail in any of its iterations.
+        """
+        cfg, regs = self.config, self._regs
+        at = chain.start
+
+        def fail(code, what, index=at):
+            raise IsaError(code, f"instruction {index}: {what}", index)
+
+        n = cfg.n
+        rows = regs[Reg.ROWS]
+        length = -(-rows // n)
+        iters = regs[Reg.ITERATIONS]
+        # The MFU ops, their allocation and the VRF each vv operand lives in.
+        mfu_ops = []
+        for k, ins in enumerate(chain.ops):
+            idx = at + (2 if chain.mv_mul else 1) + k
+            if ins.opcode is Opcode.VV:
+                mfu_ops.append(MfuOp.binary(ins.func, ins.operand))
+            elif ins.opcode is Opcode.V_UNARY:
+                if ins.func not in cfg.unary_ops:
+                    fail(ErrorCode.ILLEGAL_OPCODE, f"{ins}: {ins.func.name.lower()} is not "
+                                                   f"built", idx)
+                mfu_ops.append(MfuOp.unary(ins.func))
+            else:
+                mfu_ops.append(MfuOp.reduce(ins.func))
+        try:
+            placed = allocate(mfu_ops, cfg.mfus)
+        except ValueError as e:
+            fail(ErrorCode.CHAIN_STRUCTURE, f"the chain's ops do not fit the MFUs: {e}")
+        where = []                     # (Instruction, Space) of every vv op, chain order
+        for m, ops in enumerate(placed):
+            for op in ops:
+                if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
+                    space = Space.asvrf(m) if op.unit is MfuUnit.ADDSUB else Space.mulvrf(m)
+                    where.append(space)
+        vv = [ins for ins in chain.ops if ins.opcode is Opcode.VV]
+
+        for ins, idx in [(chain.read, at)] + [(w, chain.stop - 1 - len(chain.writes) + k)
+                                              for k, w in enumerate(chain.writes)]:
+            s = ins.space
+            if s is not Space.NETQ and s is not Space.IVRF and (
+                    s.mfu is None or s.mfu >= cfg.mfus):
+                fail(ErrorCode.ILLEGAL_FIELD, f"{ins}: {s.name} does not exist in this "
+                                              f"build", idx)
+        mv = chain.mv_mul
+        if length > cfg.max_length:
+            fail(ErrorCode.SIZE_RANGE, f"ROWS {rows} needs {length} native vectors, more "
+                                       f"than max_length {cfg.max_length}")
+        plan = {"length": length, "lanes_last": rows - (length - 1) * n, "iters": iters,
+                "ops": mfu_ops, "vv_spaces": where}
+        # Read ranges of iteration 0 as (start, count) relative to the operand.
+        if mv is not None:
+            pix = -(-regs[Reg.COLS] // n)
+            win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
+            cols = pix * win_w * win_h
+            if cols > cfg.max_col_tiles:
+                fail(ErrorCode.SIZE_RANGE, f"COLS {regs[Reg.COLS]} in a {win_w} x {win_h} "
+                                           f"window needs {cols} column tiles, more than "
+                                           f"max_col_tiles {cfg.max_col_tiles}")
+            if regs[Reg.Q_STATIC] and regs[Reg.Q_EXPONENT] > MAX_EXPONENT_CODE:
+                fail(ErrorCode.REGISTER_VALUE, f"static exponent code "
+                                               f"{regs[Reg.Q_EXPONENT]} is above "
+                                               f"{MAX_EXPONENT_CODE}", at + 1)
+            pieces = [(y * pitch + x * pix, pix) for y in range(win_h) for x in range(win_w)]
+            groups = -(-cols // cfg.tiles)
+            last_slot = mv.operand + (iters - 1) * mv.inc + length * groups
+            if last_slot > cfg.mrf_depth:
+                fail(ErrorCode.ADDRESS_RANGE, f"{mv}: {length} x {cols} tiles in iteration "
+                                              f"{iters - 1} need slots up to "
+                                              f"{last_slot - 1}, beyond mrf_depth "
+                                              f"{cfg.mrf_depth}", at + 1)
+            plan.update(pix=pix, cols=cols, groups=groups,
+                        lanes_cols=regs[Reg.COLS] - (pix - 1) * n)
+        else:
+            pieces = [(0, length)]
+            cols = length
+        plan["pieces"] = pieces
+        plan["c_in"] = cols
+        # Queues: every iteration pops c_in vectors / pushes length per netq write.
+        rd = chain.read
+        if rd.space is Space.NETQ and iters * cols > len(self._inq):
+            fail(ErrorCode.QUEUE_UNDERFLOW, f"{rd}: {iters} x {cols} vectors needed, "
+                                            f"{len(self._inq)} queued")
+        pushes = sum(length for w in chain.writes if w.space is Space.NETQ) * iters
+        if len(self._outq) + pushes > cfg.netq_depth:
+            fail(ErrorCode.QUEUE_OVERFLOW, f"the chain pushes {pushes} vectors; the output "
+                                           f"queue has {cfg.netq_depth - len(self._outq)} "
+                                           f"free")
+        # Ranges: (space, start, count, inc, index) of every memory access.
+        reads, writes = [], []
+        if rd.space is not Space.NETQ:
+            for off, cnt in pieces:
+                reads.append((rd.space, rd.operand + off, cnt, rd.inc, at, mv is not None))
+        for ins, space in zip(vv, where):
+            reads.append((space, ins.operand, length, ins.inc, at, False))
+        for w in chain.writes:
+            if w.space is not Space.NETQ:
+                writes.append((w.space, w.operand, length, w.inc, at))
+        for space, start, cnt, inc, _, *rest in reads + writes:
+            depth = len(self._ivrf) if space is Space.IVRF else cfg.vrf_depth
+            top = max(start, start + (iters - 1) * inc) + cnt
+            if top > depth:
+                fail(ErrorCode.ADDRESS_RANGE, f"{space.name} vectors up to {top - 1} "
+                                              f"(iteration {iters - 1}), beyond depth {depth}")
+        self._check_hazards(reads, writes, iters, fail)
+        plan["reads"], plan["writes"] = reads, writes
+        return plan
+
+    @staticmethod
+    def _check_hazards(reads, writes, iters, fail):
+        """In one iteration, no write may land ahead of a read of the same memory still to
+        come (write start > read start with overlap), and no two writes may overlap. The
+        MVM's own input is complete before its first result, so it is exempt."""
+        for i in range(iters):
+            wr = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, _ in writes]
+            for k, (s, a, b) in enumerate(wr):
+                for s2, a2, b2 in wr[:k]:
+                    if s is s2 and a < b2 and a2 < b:
+                        fail(ErrorCode.HAZARD, f"two v_wr of iteration {i} overlap in "
+                                               f"{s.name} ({a2}..{b2 - 1} and {a}..{b - 1})")
+                for s2, a2, c2, inc2, _, mvm_input in reads:
+                    a2 += i * inc2
+                    if not mvm_input and s is s2 and a < a2 + c2 and a2 < b and a > a2:
+                        fail(ErrorCode.HAZARD, f"iteration {i} writes {s.name} {a}..{b - 1} "
+                                               f"ahead of its read of {a2}..{a2 + c2 - 1}")
+
+    def _execute(self, chain: Chain, clock: _Clock) -> int:
+        """Run every iteration of a checked chain; returns the instances run."""
+        plan = self._plan(chain)
+        cfg, length = self.config, plan["length"]
+        mv = chain.mv_mul
+        rd = chain.read
+        clock.chain(chain.stop - chain.start)
+        vv = [ins for ins in chain.ops if ins.opcode is Opcode.VV]
+        for i in range(plan["iters"]):
+            # Read the chain's input.
+            if rd.space is Space.NETQ:
+                x, self._inq = self._inq[:plan["c_in"]].copy(), self._inq[plan["c_in"]:]
+            else:
+                mem = self._vector_memory(rd.space)
+                base = rd.operand + i * rd.inc
+                x = np.concatenate([mem[base + off:base + off + cnt]
+                                    for off, cnt in plan["pieces"]])
+            if mv is not None:
+                y = self._product(x, mv.operand + i * mv.inc, plan)
+            else:
+                y = x
+            # The MFU ops, with this iteration's operand addresses.
+            if plan["ops"]:
+                ops, k = [], 0
+                for op in plan["ops"]:
+                    if op.addr is not None:
+                        op = MfuOp.binary(op.op, vv[k].operand + i * vv[k].inc)
+                        k += 1
+                    ops.append(op)
+                res = run_chain(self._mfu_cfg, ops, y, plan["lanes_last"], self._vrfs)
+                y = res.out
+                for m in range(cfg.mfus):
+                    self._count(f"mfu{m}_overflow", res.overflow[m])
+                    self._count(f"mfu{m}_nan_created", res.nan_created[m])
+            for w in chain.writes:
+                if w.space is Space.NETQ:
+                    self._outq = np.concatenate([self._outq, y])
+                else:
+                    a = w.operand + i * w.inc
+                    self._vector_memory(w.space)[a:a + length] = y
+            reads = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, *_ in plan["reads"]]
+            writes = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, _ in plan["writes"]]
+            clock.instance(plan["c_in"], length, plan["cols"] if mv is not None else None,
+                           plan["ops"], reads, writes, len(chain.writes))
+        return plan["iters"]
+
+    def _product(self, x, base: int, plan) -> np.ndarray:
+        """The MVM: ``x`` (C, n) gathered input vectors, the matrix at tile slot ``base``."""
+        cfg, regs = self.config, self._regs
+        n, t = cfg.n, cfg.tiles
+        cols, groups, rows = plan["cols"], plan["groups"], plan["length"]
+        # Lanes past COLS in each pixel's last native vector do not enter the quantizer.
+        x = x.copy()
+        last = np.arange(plan["pix"] - 1, cols, plan["pix"])
+        x[last[:, None], np.arange(plan["lanes_cols"], n)[None, :]] = 0
+        c = np.arange(cols)
+        slots = base + np.arange(rows)[:, None] * groups + c[None, :] // t       # (R, C)
+        engines = np.broadcast_to(c % t, slots.shape)
+        codes = self._mrf_codes[engines[..., None], np.arange(n), slots[..., None]]  # R,C,n
+        mant = self._mrf_mant[engines[..., None], np.arange(n), slots[..., None]]   # R,C,n,n
+        codes_w = codes.transpose(0, 2, 1).reshape(rows * n, cols)
+        qw = mant.transpose(0, 2, 1, 3).reshape(rows * n, cols * n)
+        static = regs[Reg.Q_EXPONENT] if regs[Reg.Q_STATIC] else None
+        res = mvm(x.reshape(-1), codes_w, qw, n=n, mantissa_bits_v=cfg.mantissa_bits_v,
+                  mantissa_bits_w=cfg.mantissa_bits_w, rounding=Rounding(regs[Reg.ROUNDING]),
+                  static_exponent_code=static, narrow_width=regs[Reg.NARROW])
+        self._count("vector_saturations", res.vector_saturated)
+        self._count("vector_nonfinite", res.vector_nonfinite)
+        self._count("narrow_events", res.narrow.total)
+        self._count("output_saturations", res.output_saturated)
+        return res.out_bits.reshape(rows, n)
+

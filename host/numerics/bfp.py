@@ -1,0 +1,433 @@
+"""Block floating point (BFP) tensors: quantize, dequantize, pack, unpack, tile.
+
+A BFP block is ``block_size`` values that share one exponent ``e``; value ``i`` is the
+``m``-bit two's complement integer ``q[i]`` (``m = mantissa_bits``) scaled by
+``2**(e - (m - 2))``, and ``|q[i]| <= 2**(m-1) - 1`` (symmetric clamp). The exact rules
+are in ``docs/numerics.md``; with ``block_size=32, mantissa_bits=8,
+rounding="nearest-away"`` a block is an OCP MXINT8 block.
+
+Everything here is vectorized over whole tensors; no Python loop runs per element or
+per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from host.spec.formats import (
+    E8M0_BIAS, E8M0_NAN, EXP_MAX, EXP_MIN, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN,
+    ZERO_BLOCK_EXP, Rounding, block_bits, block_bytes, check_int, mantissa_max,
+)
+
+__all__ = [
+    "BfpTensor", "quantize", "pack", "unpack",
+    "split_matrix", "merge_matrix", "split_vector", "merge_vector",
+]
+
+_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class BfpTensor:
+    """A tensor in BFP form, blocked along its last axis.
+
+    Attributes
+    ----------
+    exponents : numpy.ndarray of int16, shape ``(..., nblocks)``
+        Unbiased shared exponents, each in ``[-127, 127]``.
+    mantissas : numpy.ndarray of int16, shape ``(..., nblocks * block_size)``
+        Signed mantissas, zero in the padding past the original last axis.
+    block_size, mantissa_bits : int
+    shape : tuple of int
+        Shape of the original (unpadded) tensor.
+    saturations : numpy.ndarray of int64, shape ``(..., nblocks)``
+        Per block, how many values were clamped to ``+-(2**(m-1) - 1)``.
+    nonfinite : numpy.ndarray of int64, shape ``(..., nblocks)``
+        Per block, how many inputs were inf or NaN (only with ``nonfinite="saturate"``).
+    """
+    exponents: np.ndarray
+    mantissas: np.ndarray
+    block_size: int
+    mantissa_bits: int
+    shape: tuple
+    saturations: np.ndarray = field(repr=False)
+    nonfinite: np.ndarray = field(repr=False)
+
+    @property
+    def nblocks(self) -> int:
+        """Blocks along the last axis."""
+        return self.exponents.shape[-1]
+
+    @property
+    def exponent_codes(self) -> np.ndarray:
+        """Biased E8M0 codes (``uint8``) of the exponents."""
+        return (self.exponents + E8M0_BIAS).astype(np.uint8)
+
+    @property
+    def saturation_count(self) -> int:
+        """Total number of clamped values."""
+        return int(self.saturations.sum())
+
+    def dequantize(self) -> np.ndarray:
+        """The represented values as ``float32`` in the original shape (exact)."""
+        scale = np.repeat(self.exponents.astype(np.int32) - (self.mantissa_bits - 2),
+                          self.block_size, axis=-1)
+        values = np.ldexp(self.mantissas.astype(np.float32), scale)
+        return values[..., :self.shape[-1]] if self.shape else values.reshape(())
+
+    def __eq__(self, other):
+        if not isinstance(other, BfpTensor):
+            return NotImplemented
+        return (self.block_size == other.block_size
+                and self.mantissa_bits == other.mantissa_bits
+                and tuple(self.shape) == tuple(other.shape)
+                and np.array_equal(self.exponents, other.exponents)
+                and np.array_equal(self.mantissas, other.mantissas))
+
+
+def _check_float_array(name, x):
+    x = np.asarray(x)
+    if x.dtype.type not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a float16, float32 or float64 array, not {x.dtype}")
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis, not shape {x.shape}")
+    return x
+
+
+def _round_to_int(v: np.ndarray, rounding: Rounding) -> np.ndarray:
+    """Round finite floats to the nearest integer, exactly, in their own dtype."""
+    if rounding is Rounding.NEAREST_EVEN:
+        return np.rint(v)
+    whole = np.trunc(v)
+    # v - trunc(v) is exact in binary floating point, so the tie test is exact.
+    return whole + np.copysign(np.abs(v - whole) >= 0.5, v)
+
+
+def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
+             exponent=None, *, nonfinite: str = "error") -> BfpTensor:
+    """Quantize a float array to BFP, blocking along the last axis.
+
+    Parameters
+    ----------
+    x : array of float16, float32 or float64, at least 1-D
+        The last axis is split into blocks of ``block_size`` (zero padded at its end).
+    block_size : int, >= 1
+    mantissa_bits : int, 2..16
+    rounding : ``"nearest-even"`` (default) or ``"nearest-away"`` (OCP MX), or a
+        :class:`~host.spec.formats.Rounding`.
+    exponent : None, int, or int array broadcastable to ``(..., nblocks)``
+        ``None`` selects the dynamic exponent ``floor(log2(max |x|))`` per block (an
+        all-zero block gets -127). Otherwise the static exponent(s), each in
+        ``[-127, 127]``; values out of range saturate and are counted.
+    nonfinite : ``"error"`` (default) or ``"saturate"``
+        With ``"saturate"``, NaN becomes 0 and +-inf the largest finite value of ``x``'s
+        dtype (of float32 for float64 input, since larger values have no E8M0 scale)
+        before quantizing (the device rule for FP16), and each is counted.
+
+    Returns
+    -------
+    BfpTensor
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a float array, or a width is not an integer.
+    ValueError
+        a width, ``rounding``, ``exponent`` or ``nonfinite`` is out of range; ``x`` has
+        inf/NaN and ``nonfinite="error"``; a dynamic exponent would exceed 127.
+    """
+    x = _check_float_array("x", x)
+    n = check_int("block_size", block_size, 1)
+    m = check_int("mantissa_bits", mantissa_bits, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+    rounding = Rounding.parse(rounding)
+    if nonfinite not in ("error", "saturate"):
+        raise ValueError(f"nonfinite must be 'error' or 'saturate', not {nonfinite!r}")
+
+    # Half precision is widened (exactly) so that scaling by 2**k cannot overflow early.
+    work = x.astype(np.float32) if x.dtype == np.float16 else x
+    bad = ~np.isfinite(work)
+    if bad.any():
+        if nonfinite == "error":
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"x has {int(bad.sum())} non-finite values (first at index "
+                             f"{where}: {x[where]!r}); pass nonfinite='saturate' to clamp them")
+        # float64 beyond float32's range has no E8M0 scale, so infinities stop there.
+        big = np.finfo(np.float32 if x.dtype == np.float64 else x.dtype).max
+        work = np.where(np.isnan(work), 0, np.clip(work, -big, big)).astype(work.dtype)
+
+    length = x.shape[-1]
+    nblocks = -(-length // n)
+    pad = nblocks * n - length
+    if pad:
+        work = np.concatenate([work, np.zeros(x.shape[:-1] + (pad,), work.dtype)], axis=-1)
+    blocks = work.reshape(x.shape[:-1] + (nblocks, n))
+
+    if exponent is None:
+        exps = _dynamic_exponents(blocks)
+    else:
+        exps = np.asarray(exponent)
+        if not np.issubdtype(exps.dtype, np.integer):
+            raise TypeError(f"exponent must be an integer or integer array, not {exponent!r}")
+        if exps.size and (exps.min() < EXP_MIN or exps.max() > EXP_MAX):
+            raise ValueError(f"exponent must be from {EXP_MIN} to {EXP_MAX}, not "
+                             f"{exps.min() if exps.min() < EXP_MIN else exps.max()}")
+        try:
+            exps = np.broadcast_to(exps, blocks.shape[:-1]).astype(np.int32)
+        except ValueError:
+            raise ValueError(f"exponent of shape {np.shape(exponent)} does not broadcast to "
+                             f"the block shape {blocks.shape[:-1]}") from None
+
+    # Scaling by a power of two is exact (ldexp), so the rounding below sees exact values;
+    # both roundings are symmetric, so signed values are rounded directly.
+    top = mantissa_max(m)
+    with np.errstate(over="ignore"):        # static exponents may scale far past the top
+        scaled = np.ldexp(blocks, (m - 2 - exps)[..., None])
+    # Everything beyond 2**m saturates; clipping there keeps inf out of the rounding.
+    limit = scaled.dtype.type(2.0 ** m)
+    np.clip(scaled, -limit, limit, out=scaled)
+    rounded = _round_to_int(scaled, rounding)
+    clamped = np.abs(rounded) > top
+    q = np.clip(rounded, -top, top).astype(np.int16)
+    saturations = (clamped.sum(axis=-1, dtype=np.int64) if clamped.any()
+                   else np.zeros(blocks.shape[:-1], np.int64))
+    nonfinite = (_count_per_block(bad, n, nblocks) if bad.any()
+                 else np.zeros(blocks.shape[:-1], np.int64))
+    return BfpTensor(
+        exponents=exps.astype(np.int16),
+        mantissas=q.reshape(x.shape[:-1] + (nblocks * n,)),
+        block_size=n, mantissa_bits=m, shape=tuple(x.shape),
+        saturations=saturations, nonfinite=nonfinite,
+    )
+
+
+def _block_max(a: np.ndarray) -> np.ndarray:
+    """Maximum over the last axis by pairwise folding (much faster than a short-axis
+    reduction for the small block sizes used here)."""
+    while a.shape[-1] > 1:
+        half = a.shape[-1] // 2
+        folded = np.maximum(a[..., :half], a[..., half:2 * half])
+        if a.shape[-1] % 2:
+            folded[..., 0] = np.maximum(folded[..., 0], a[..., -1])
+        a = folded
+    return a[..., 0]
+
+
+def _dynamic_exponents(blocks: np.ndarray) -> np.ndarray:
+    """``floor(log2(max |x|))`` per block, clamped below at -127; -127 for all-zero blocks.
+
+    Raises ``ValueError`` when a block maximum is 2**128 or more (float64 input only).
+    """
+    if blocks.dtype == np.float32:
+        # The biased FP32 exponent field is the E8M0 code itself: a normal 2**e has
+        # field e + 127, and zeros and subnormals (below 2**-126) have field 0, which is
+        # exactly the clamp to -127. The block maximum of the fields is the block's code.
+        fields = ((blocks.view(np.uint32) >> 23) & 0xFF).astype(np.uint8)
+        return _block_max(fields).astype(np.int32) - E8M0_BIAS
+    amax = _block_max(np.abs(blocks))
+    # frexp is exact: amax = f * 2**p with f in [0.5, 1), so floor(log2(amax)) = p - 1.
+    exps = np.frexp(amax)[1].astype(np.int32) - 1
+    exps = np.where(amax == 0, ZERO_BLOCK_EXP, np.maximum(exps, EXP_MIN))
+    if (exps > EXP_MAX).any():
+        raise ValueError(f"x has values of magnitude >= 2**{EXP_MAX + 1}, beyond the "
+                         f"largest E8M0 scale")
+    return exps
+
+
+def _count_per_block(mask: np.ndarray, n: int, nblocks: int) -> np.ndarray:
+    pad = nblocks * n - mask.shape[-1]
+    if pad:
+        mask = np.concatenate([mask, np.zeros(mask.shape[:-1] + (pad,), bool)], axis=-1)
+    return mask.reshape(mask.shape[:-1] + (nblocks, n)).sum(axis=-1, dtype=np.int64)
+
+
+# --- device byte layout --------------------------------------------------------------
+
+def _pack_fields(codes: np.ndarray, q: np.ndarray, n: int, m: int) -> np.ndarray:
+    """Pack ``codes`` (B,) and mantissas (B, n) into (B, block_bytes) little-endian rows."""
+    nbytes = block_bytes(n, m)
+    mask = (1 << m) - 1
+    if m in (2, 4, 8, 16) and (n * m) % 8 == 0:
+        # Whole mantissas per byte (or bytes per mantissa): no bit-level shuffling.
+        u = (q.astype(np.int32) & mask).astype(np.uint16)
+        if m == 16:
+            body = u.astype("<u2").view(np.uint8).reshape(len(codes), 2 * n)
+        elif m == 8:
+            body = u.astype(np.uint8)
+        else:
+            per = 8 // m
+            u = u.astype(np.uint8).reshape(len(codes), n // per, per)
+            body = np.zeros(u.shape[:2], np.uint8)
+            for j in range(per):            # per <= 4 lanes of one byte, not per element
+                body |= u[:, :, j] << (j * m)
+        return np.concatenate([codes[:, None], body], axis=1)
+    # General widths: expand to bits, then pack again.
+    u = (q.astype(np.int32) & mask).astype("<u2").view(np.uint8)
+    bits = np.unpackbits(u.reshape(len(codes), n, 2), axis=-1, bitorder="little")[..., :m]
+    code_bits = np.unpackbits(codes[:, None], axis=-1, bitorder="little")
+    pad = np.zeros((len(codes), nbytes * 8 - block_bits(n, m)), np.uint8)
+    allbits = np.concatenate([code_bits, bits.reshape(len(codes), n * m), pad], axis=1)
+    return np.packbits(allbits, axis=-1, bitorder="little")
+
+
+def _unpack_fields(rows: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :func:`_pack_fields`: (B, block_bytes) -> codes (B,), mantissas (B, n)."""
+    codes = rows[:, 0]
+    if m in (2, 4, 8, 16) and (n * m) % 8 == 0:
+        body = rows[:, 1:]
+        if m == 16:
+            u = body.reshape(-1).view("<u2").reshape(len(rows), n).astype(np.int32)
+        elif m == 8:
+            u = body.astype(np.int32)
+        else:
+            per = 8 // m
+            u = np.stack([(body >> (j * m)) & ((1 << m) - 1) for j in range(per)], axis=-1)
+            u = u.reshape(len(rows), n).astype(np.int32)
+    else:
+        allbits = np.unpackbits(rows, axis=-1, bitorder="little")
+        bits = allbits[:, 8:8 + n * m].reshape(len(rows), n, m)
+        u = (bits.astype(np.int32) << np.arange(m, dtype=np.int32)).sum(axis=-1)
+    q = np.where(u >= (1 << (m - 1)), u - (1 << m), u).astype(np.int16)
+    return codes, q
+
+
+def pack(t: BfpTensor) -> np.ndarray:
+    """Pack a :class:`BfpTensor` into the device byte layout.
+
+    Each block becomes ``block_bytes(block_size, mantissa_bits)`` bytes: the E8M0 code,
+    then the mantissas as ``m``-bit two's complement fields, least significant bit first,
+    zero padded to a whole byte (the bits of :func:`host.spec.formats.block_layout`). Blocks
+    follow one another in C order of ``t.exponents``.
+
+    Returns
+    -------
+    numpy.ndarray of uint8, 1-D
+    """
+    if not isinstance(t, BfpTensor):
+        raise TypeError(f"pack expects a BfpTensor, not {type(t).__name__}")
+    n, m = t.block_size, t.mantissa_bits
+    codes = t.exponent_codes.reshape(-1)
+    q = t.mantissas.reshape(-1, n)
+    return _pack_fields(codes, q, n, m).reshape(-1)
+
+
+def unpack(data, shape, block_size: int, mantissa_bits: int) -> BfpTensor:
+    """Read a tensor of the given (unpadded) ``shape`` back from :func:`pack`'s bytes.
+
+    Raises
+    ------
+    TypeError
+        ``data`` is not bytes-like or a uint8 array.
+    ValueError
+        the length does not match ``shape``; an exponent code is 0xFF (reserved); a
+        mantissa is ``-2**(m-1)``, which the symmetric clamp never produces; a padding
+        bit or a mantissa in the zero padding is not zero.
+    """
+    n = check_int("block_size", block_size, 1)
+    m = check_int("mantissa_bits", mantissa_bits, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        buf = np.frombuffer(data, np.uint8)
+    elif isinstance(data, np.ndarray) and data.dtype == np.uint8:
+        buf = data.reshape(-1)
+    else:
+        raise TypeError(f"data must be bytes or a uint8 array, not {type(data).__name__}")
+    shape = tuple(int(s) for s in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+    if not shape or min(shape) < 0:
+        raise ValueError(f"shape must have at least one axis and no negative size, not {shape}")
+    nblocks = -(-shape[-1] // n)
+    lead = shape[:-1]
+    count = int(np.prod(lead, dtype=np.int64)) * nblocks
+    nbytes = block_bytes(n, m)
+    if buf.size != count * nbytes:
+        raise ValueError(f"data has {buf.size} bytes; shape {shape} with block_size={n}, "
+                         f"mantissa_bits={m} needs {count * nbytes}")
+    rows = buf.reshape(count, nbytes)
+    codes, q = _unpack_fields(rows, n, m)
+    if (codes == E8M0_NAN).any():
+        i = int(np.argmax(codes == E8M0_NAN))
+        raise ValueError(f"block {i} has the reserved exponent code 0xFF")
+    lowest = -(1 << (m - 1))
+    if (q == lowest).any():
+        i = int(np.argwhere(q == lowest)[0][0])
+        raise ValueError(f"block {i} has mantissa {lowest}, outside the symmetric range "
+                         f"+-{mantissa_max(m)}")
+    spare = nbytes * 8 - block_bits(n, m)
+    if spare and (rows[:, -1] >> (8 - spare)).any():
+        i = int(np.argmax(rows[:, -1] >> (8 - spare)))
+        raise ValueError(f"block {i} has non-zero padding bits")
+    mant = q.reshape(lead + (nblocks * n,))
+    if (mant[..., shape[-1]:] != 0).any():
+        raise ValueError("a mantissa in the zero padding past the last axis is not zero")
+    zeros = np.zeros(lead + (nblocks,), np.int64)
+    return BfpTensor(
+        exponents=(codes.astype(np.int16) - E8M0_BIAS).reshape(lead + (nblocks,)),
+        mantissas=mant, block_size=n, mantissa_bits=m, shape=shape,
+        saturations=zeros, nonfinite=zeros.copy(),
+    )
+
+
+# --- native tiles ----------------------------------------------------------------------
+
+def _check_native(n):
+    return check_int("n", n, 1)
+
+
+def split_matrix(w, n: int) -> np.ndarray:
+    """Split a logical ``(rows, cols)`` matrix into native ``n x n`` tiles.
+
+    Returns an array of shape ``(R, C, n, n)`` with ``R = ceil(rows/n)``,
+    ``C = ceil(cols/n)``; tile ``[r, c]`` holds rows ``r*n..`` and columns ``c*n..``,
+    zero padded past the logical edges.
+    """
+    n = _check_native(n)
+    w = np.asarray(w)
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (rows, cols), not shape {w.shape}")
+    rows, cols = w.shape
+    big_r, big_c = -(-rows // n), -(-cols // n)
+    padded = np.zeros((big_r * n, big_c * n), w.dtype)
+    padded[:rows, :cols] = w
+    return padded.reshape(big_r, n, big_c, n).swapaxes(1, 2)
+
+
+def merge_matrix(tiles, shape) -> np.ndarray:
+    """Inverse of :func:`split_matrix`: tiles ``(R, C, n, n)`` back to ``shape``.
+
+    Raises ``ValueError`` when the tile grid does not fit ``shape``.
+    """
+    tiles = np.asarray(tiles)
+    if tiles.ndim != 4 or tiles.shape[2] != tiles.shape[3]:
+        raise ValueError(f"tiles must have shape (R, C, n, n), not {tiles.shape}")
+    big_r, big_c, n, _ = tiles.shape
+    rows, cols = (int(s) for s in shape)
+    if -(-rows // n) != big_r or -(-cols // n) != big_c:
+        raise ValueError(f"shape {tuple(shape)} needs {-(-rows // n)} x {-(-cols // n)} tiles "
+                         f"of {n} x {n}, not {big_r} x {big_c}")
+    return tiles.swapaxes(1, 2).reshape(big_r * n, big_c * n)[:rows, :cols]
+
+
+def split_vector(x, n: int) -> np.ndarray:
+    """Split ``(..., length)`` into native vectors ``(..., ceil(length/n), n)``, zero padded."""
+    n = _check_native(n)
+    x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError("x must have at least one axis")
+    length = x.shape[-1]
+    count = -(-length // n)
+    padded = np.zeros(x.shape[:-1] + (count * n,), x.dtype)
+    padded[..., :length] = x
+    return padded.reshape(x.shape[:-1] + (count, n))
+
+
+def merge_vector(tiles, length: int) -> np.ndarray:
+    """Inverse of :func:`split_vector`: ``(..., V, n)`` back to ``(..., length)``."""
+    tiles = np.asarray(tiles)
+    if tiles.ndim < 2:
+        raise ValueError(f"tiles must have shape (..., V, n), not {tiles.shape}")
+    count, n = tiles.shape[-2:]
+    length = check_int("length", length, 0)
+    if -(-length // n) != count:
+        raise ValueError(f"length {length} needs {-(-length // n)} native vectors of {n}, "
+                         f"not {count}")
+    return tiles.reshape(tiles.shape[:-2] + (count * n,))[..., :length]

@@ -1,0 +1,186 @@
+"""FP16 element-wise arithmetic of the multifunction units: the bit-exact reference model.
+
+``docs/numerics.md`` section 6 is the contract, ``docs/mfu-arith.md`` the design notes.
+This module holds the one definition of the binary operation codes (:class:`BinaryOp`,
+imported by the ISA and by the gateware, ``hw.arith.fp16_arith``) and the model of the five
+operations, vectorized over NumPy arrays.
+
+Two flavours of every function:
+
+* :func:`binary` and :func:`binary_events` take ``float16`` arrays (values), and
+  :func:`binary` returns ``float16``;
+* :func:`binary_bits` and :func:`binary_events_bits` take ``uint16`` arrays of FP16 bit
+  patterns (what the device holds), and :func:`binary_bits` returns ``uint16``.
+
+Other dtypes are refused rather than converted: rounding a wider value to FP16 is a
+decision the caller makes (``x.astype(np.float16)``), never one made silently here.
+``a`` and ``b`` broadcast against each other as in NumPy.
+
+**Why this is exact.** Every FP16 value is ``m * 2**e`` with ``m < 2**11`` and
+``-24 <= e <= 5``. The exact sum of two of them is a multiple of ``2**-24`` below
+``2**17``, so it needs at most 41 significant bits; the exact product has at most 22.
+Both are therefore computed *exactly* in ``float64`` (53 bits). NumPy's ``float64`` to
+``float16`` cast then rounds that exact value once, to nearest with ties to even,
+subnormals and overflow to infinity included (directly, not through ``float32``). The
+claim is not taken on trust:
+``tests/test_fp16_model.py`` checks the model against every Berkeley TestFloat ``f16_add``,
+``f16_sub`` and ``f16_mul`` vector, against an exact ``fractions.Fraction`` reference and
+against an independent integer implementation on millions of pairs.
+
+Every NaN result is the canonical NaN ``0x7E00``, created or propagated.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from host.spec.formats import CANONICAL_NAN
+from host.spec.ops import BinaryOp
+
+__all__ = [
+    "BinaryOp", "BinaryEvents", "CANONICAL_NAN", "binary", "binary_bits", "binary_events",
+    "binary_events_bits",
+]
+
+_SIGN = 0x8000
+_MAG = 0x7FFF
+_INF = 0x7C00
+
+
+class BinaryEvents(NamedTuple):
+    """Counter events of an element-wise operation, one bool per element.
+
+    overflow : the result is +-inf although neither input is an infinity (a finite
+        result rounded past 65504).
+    nan_created : the result is a NaN although neither input is a NaN (``inf - inf``,
+        ``0 * inf``).
+    """
+    overflow: np.ndarray
+    nan_created: np.ndarray
+
+
+def _operands(a, b, dtype):
+    """``a`` and ``b`` as arrays of ``dtype``, broadcast together, viewed as uint16."""
+    what = "float16 array" if dtype == np.float16 else "uint16 array of FP16 bit patterns"
+    arrays = []
+    for name, x in (("a", a), ("b", b)):
+        arr = np.asarray(x)
+        if arr.dtype != dtype:
+            raise TypeError(f"{name} must be a {what}, not an array of {arr.dtype}")
+        arrays.append(arr)
+    try:
+        a_arr, b_arr = np.broadcast_arrays(*arrays)
+    except ValueError:
+        raise ValueError(f"a and b must broadcast together, not shapes "
+                         f"{arrays[0].shape} and {arrays[1].shape}") from None
+    return a_arr.view(np.uint16), b_arr.view(np.uint16)
+
+
+def _is_nan(bits):
+    return (bits & _MAG) > _INF
+
+
+def _is_inf(bits):
+    return (bits & _MAG) == _INF
+
+
+def _maximum(a, b):
+    """IEEE 754-2019 ``maximum`` on bit patterns, NaN results not yet canonical.
+
+    Built from the ordered comparison of the values (as TestFloat's ``lt`` defines it),
+    then the two rules the comparison is silent about: a NaN operand gives a NaN, and of
+    two zeros ``+0`` is the larger (the sign bits AND together).
+    """
+    fa, fb = a.view(np.float16), b.view(np.float16)
+    with np.errstate(invalid="ignore"):
+        r = np.where(fa < fb, b, a)
+    zeros = ((a & _MAG) == 0) & ((b & _MAG) == 0)
+    r = np.where(zeros, a & b, r)
+    return np.where(_is_nan(a) | _is_nan(b), np.uint16(CANONICAL_NAN), r).astype(np.uint16)
+
+
+def _evaluate(op: BinaryOp, a, b):
+    """``(result bits, overflow, nan_created)`` for uint16 operands of the same shape."""
+    if op is BinaryOp.MAX:
+        r = _maximum(a, b)
+    else:
+        x = a.view(np.float16).astype(np.float64)
+        y = b.view(np.float16).astype(np.float64)
+        with np.errstate(all="ignore"):       # inf - inf, 0 * inf, overflow in the cast
+            if op is BinaryOp.ADD:
+                exact = x + y
+            elif op is BinaryOp.A_SUB_B:
+                exact = x - y
+            elif op is BinaryOp.B_SUB_A:
+                exact = y - x
+            else:
+                exact = x * y
+            r = exact.astype(np.float16).view(np.uint16)
+        r = np.where(_is_nan(r), np.uint16(CANONICAL_NAN), r).astype(np.uint16)
+    overflow = _is_inf(r) & ~_is_inf(a) & ~_is_inf(b)
+    nan_created = _is_nan(r) & ~_is_nan(a) & ~_is_nan(b)
+    return r, overflow, nan_created
+
+
+def binary_bits(op, a, b) -> np.ndarray:
+    """Element-wise ``op(a, b)`` on FP16 bit patterns.
+
+    Parameters
+    ----------
+    op : BinaryOp or str
+        ``"add"``, ``"a_sub_b"``, ``"b_sub_a"``, ``"mul"``, ``"max"`` or the enum member.
+    a, b : uint16 arrays (broadcastable)
+        FP16 bit patterns.
+
+    Returns
+    -------
+    uint16 array of the broadcast shape: IEEE 754 binary16 results, round to nearest even,
+    subnormals kept, every NaN ``0x7E00`` (``docs/numerics.md`` section 6).
+
+    Raises
+    ------
+    ValueError
+        unknown ``op``; shapes that do not broadcast.
+    TypeError
+        ``a`` or ``b`` is not a ``uint16`` array.
+    """
+    op = BinaryOp.parse(op)
+    a, b = _operands(a, b, np.uint16)
+    return _evaluate(op, a, b)[0]
+
+
+def binary(op, a, b) -> np.ndarray:
+    """Element-wise ``op(a, b)`` on ``float16`` arrays; returns ``float16``.
+
+    The values are those of :func:`binary_bits` (every NaN is the canonical NaN, bits
+    ``0x7E00``). Raises like :func:`binary_bits`, with ``float16`` in place of ``uint16``.
+
+    >>> import numpy as np
+    >>> binary("add", np.float16([1, 65504]), np.float16([2**-11, 16]))
+    array([ 1., inf], dtype=float16)
+    """
+    op = BinaryOp.parse(op)
+    a, b = _operands(a, b, np.float16)
+    return _evaluate(op, a, b)[0].view(np.float16)
+
+
+def binary_events_bits(op, a, b) -> BinaryEvents:
+    """The MFU counter events of ``op(a, b)`` on FP16 bit patterns (bool arrays).
+
+    An element counts as *overflow* when its result is +-inf and neither input is an
+    infinity, and as *NaN created* when its result is a NaN and neither input is a NaN.
+    ``MAX`` never creates either. Arguments and errors as in :func:`binary_bits`.
+    """
+    op = BinaryOp.parse(op)
+    a, b = _operands(a, b, np.uint16)
+    _, overflow, nan_created = _evaluate(op, a, b)
+    return BinaryEvents(overflow, nan_created)
+
+
+def binary_events(op, a, b) -> BinaryEvents:
+    """:func:`binary_events_bits` for ``float16`` arrays."""
+    op = BinaryOp.parse(op)
+    a, b = _operands(a, b, np.float16)
+    _, overflow, nan_created = _evaluate(op, a, b)
+    return BinaryEvents(overflow, nan_created)

@@ -1,0 +1,846 @@
+"""One device API over every transport: :class:`Device`, streaming jobs, network images.
+
+``Device(transport)`` speaks ``host.spec.protocol`` through a ``host.runtime.transport.Transport`` and
+offers the reference model's interface (``host.model.core.NpuModel``): ``info``, ``write``,
+``read``, ``load_program``, ``push_input``, ``run``, ``pop_output``, ``counters``,
+``clear_counters``, ``reset``, ``error``, ``clear_error``. Transfers larger than one
+frame are split into frames and pipelined; refusals raise :class:`DeviceError` saying
+what was refused and why. :meth:`Device.stream` runs many jobs through a loaded network
+with a bounded window of jobs in flight. :class:`NetworkImage` is the file format of a
+compiled network (``.npz``) that ``npu run`` loads. ``docs/protocol.md`` sections 7 to 10.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from host.spec import protocol as p
+from host.spec.isa import ErrorCode, Space
+from host.spec.protocol import FrameError, Opcode, Status
+
+__all__ = ["Device", "DeviceError", "LinkError", "StreamError", "ProgressBar",
+           "NetworkImage", "STATUS_TEXT"]
+
+#: What each refusal means, for messages.
+STATUS_TEXT = {
+    Status.BAD_CRC: "the request arrived corrupted (payload CRC mismatch)",
+    Status.BAD_LENGTH: "its payload length is not what the opcode needs",
+    Status.UNKNOWN_OPCODE: "the device does not know the opcode",
+    Status.TRUNCATED: "the request arrived incomplete",
+    Status.BAD_SPACE: "no such memory space in this build",
+    Status.BAD_ADDRESS: "the address range is outside the memory",
+    Status.BAD_COUNT: "the count is zero or too large for one frame",
+    Status.DEVICE_ERROR: "the device reported an error",
+    Status.QUEUE_EMPTY: "the output queue holds fewer vectors than asked for",
+    Status.QUEUE_FULL: "the input queue has no room for them",
+    Status.BUSY: "the device is busy running a program",
+}
+
+
+class DeviceError(Exception):
+    """The device refused a request.
+
+    Attributes
+    ----------
+    status : Status or None
+        The reply's status (None for a :class:`LinkError`).
+    opcode : Opcode or None
+        The refused request.
+    error : ErrorCode or None
+        The device's error code for DEVICE_ERROR.
+    details : dict
+        Entries the reply carried (a failed RUN: ``pc``, ``instructions``, ...).
+    """
+
+    def __init__(self, message: str, *, status=None, opcode=None, error=None, details=None):
+        super().__init__(message)
+        self.status = status
+        self.opcode = opcode
+        self.error = error
+        self.details = dict(details or {})
+
+
+class LinkError(DeviceError):
+    """The link failed: no reply in time, a reply corrupted on the way back, a reply lost.
+
+    Whether the request was executed cannot be known; the device's STATUS tells.
+    """
+
+
+class StreamError(DeviceError):
+    """A job of :meth:`Device.stream` failed.
+
+    Attributes
+    ----------
+    job : int
+        Index of the failed job. The results of jobs ``0 .. job-1`` were all yielded, in
+        order; nothing of ``job`` or later was.
+    in_flight : list of int
+        Later jobs already sent when the failure was seen; the device refuses their runs
+        while its error flag is set (``host.runtime.server.HALTING_OPCODES``), see ``ran``.
+    ran : list of int
+        Those of ``in_flight`` whose run nevertheless succeeded (only possible after a
+        failure that sets no device error, such as QUEUE_FULL); their outputs were popped
+        and dropped.
+    cause : DeviceError
+        The refusal that ended the stream.
+    """
+
+    def __init__(self, message, *, job, in_flight, ran, cause):
+        super().__init__(message, status=cause.status, opcode=cause.opcode, error=cause.error,
+                         details=cause.details)
+        self.job = job
+        self.in_flight = list(in_flight)
+        self.ran = list(ran)
+        self.cause = cause
+
+
+class ProgressBar:
+    """A one-line progress bar on a text stream (stderr by default), tqdm-like.
+
+    Call it as ``progress(done, total)``; ``total`` may be None (count only). Redraws at
+    most ten times a second and always on the last job; :meth:`close` ends the line.
+    """
+
+    def __init__(self, stream=None, width: int = 30, label: str = "jobs"):
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.label = label
+        self._start = time.monotonic()
+        self._last = -1.0
+        self._drawn = False
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if now - self._last < 0.1 and done != total:
+            return
+        self._last = now
+        rate = done / max(now - self._start, 1e-9)
+        if total:
+            filled = self.width * done // total
+            bar = "#" * filled + "." * (self.width - filled)
+            text = f"\r[{bar}] {done}/{total} {self.label} {rate:,.1f}/s"
+        else:
+            text = f"\r{done} {self.label} {rate:,.1f}/s"
+        self.stream.write(text)
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+@dataclass
+class _Pending:
+    tag: int
+    opcode: Opcode
+    what: str
+
+
+class Device:
+    """An NPU behind a transport, with the reference model's interface.
+
+    Parameters
+    ----------
+    transport : host.runtime.transport.Transport
+    timeout : float
+        Seconds to wait for each reply (default 10).
+    retries : int
+        Times a request is sent again when the device answers BAD_CRC or TRUNCATED (it
+        was corrupted on the way and not executed), 0 to 10 (default 2): single requests,
+        and the frames of WRITE and READ transfers. The frames of other transfers
+        (program chunks, queue data) and of :meth:`stream` are never resent, since their
+        order matters.
+    window : int
+        Frames of one transfer sent ahead of their replies, 1 to 64 (default 8).
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming a parameter out of range.
+    """
+
+    def __init__(self, transport, *, timeout: float = 10.0, retries: int = 2, window: int = 8):
+        from host.spec.formats import check_int
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, not {timeout!r}")
+        self.transport = transport
+        self.timeout = float(timeout)
+        self.retries = check_int("retries", retries, 0, 10)
+        self.window = check_int("window", window, 1, 64)
+        self._decoder = p.FrameDecoder()
+        self._events = collections.deque()
+        self._outstanding = collections.deque()
+        self._tag = 0
+        self._info = None
+        self._config = None
+
+    @classmethod
+    def open(cls, device: str, **kwargs) -> "Device":
+        """``Device(connect(device), **kwargs)``; see ``host.runtime.transport.connect``."""
+        from host.runtime.transport import connect
+        return cls(connect(device), **kwargs)
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<Device on {self.transport.name}>"
+
+    # --- requests and replies ------------------------------------------------------------
+
+    def _send(self, opcode: Opcode, payload=b"", what: str = "") -> _Pending:
+        tag = self._tag
+        self._tag = (self._tag + 1) & 0xFF
+        pending = _Pending(tag, opcode, what or opcode.name)
+        self._outstanding.append(pending)
+        self.transport.send(p.encode_frame(opcode, tag, payload))
+        return pending
+
+    def _next_event(self, deadline: float):
+        while not self._events:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            data = self.transport.recv(65536, left)
+            if data:
+                self._events.extend(self._decoder.feed(data))
+        return self._events.popleft()
+
+    def _receive(self, pending: _Pending) -> tuple[Status, bytes]:
+        """The reply to ``pending`` (the oldest outstanding request): its status and body.
+
+        Raises
+        ------
+        LinkError
+            no reply within ``timeout``, a corrupted reply, or a later request's reply
+            first (this one was lost); every outstanding request is abandoned then.
+        """
+        assert self._outstanding and self._outstanding[0] is pending
+        deadline = time.monotonic() + self.timeout
+        while True:
+            event = self._next_event(deadline)
+            if event is None:
+                self._abandon()
+                raise LinkError(f"no reply to {pending.what} within {self.timeout:g} s "
+                                f"from {self.transport.name}", opcode=pending.opcode)
+            tags = [q.tag for q in self._outstanding]
+            if event.tag not in tags or not event.opcode & p.REPLY:
+                continue                   # a reply to an abandoned request, or an echo
+            if event.tag != pending.tag:
+                self._abandon()
+                raise LinkError(f"the reply to {pending.what} was lost on the link "
+                                f"(a reply to a later request came first)",
+                                opcode=pending.opcode)
+            if isinstance(event, FrameError):
+                self._abandon()
+                raise LinkError(f"the reply to {pending.what} arrived damaged "
+                                f"({event.status.name}); the request may have been executed",
+                                opcode=pending.opcode)
+            self._outstanding.popleft()
+            if event.opcode != pending.opcode.value | p.REPLY or not event.payload:
+                self._abandon()
+                raise LinkError(f"malformed reply to {pending.what}: opcode "
+                                f"{event.opcode:#04x}, {len(event.payload)} bytes",
+                                opcode=pending.opcode)
+            try:
+                status = Status(event.payload[0])
+            except ValueError:
+                raise LinkError(f"reply to {pending.what} has unknown status "
+                                f"{event.payload[0]}", opcode=pending.opcode) from None
+            return status, event.payload[1:]
+
+    def _abandon(self):
+        self._outstanding.clear()
+        self._events.clear()
+
+    def _refusal(self, pending: _Pending, status: Status, body: bytes) -> DeviceError:
+        error, details, text = None, {}, STATUS_TEXT[status]
+        if status is Status.DEVICE_ERROR and body:
+            try:
+                error = ErrorCode(body[0])
+            except ValueError:
+                error = body[0]
+            name = getattr(error, "name", f"code {error}")
+            try:
+                details = p.unpack_entries(body[1:])
+            except ValueError:
+                details = {}
+            text = f"device error {name}"
+            if "pc" in details:
+                text += f" at instruction {details['pc']}"
+            if pending.opcode in (Opcode.PUSH_INPUT, Opcode.RUN, Opcode.POP_OUTPUT):
+                text += " (the error flag is set: read it with .error, clear_error() " \
+                        "to go on)"
+        return DeviceError(f"{pending.what} refused: {status.name}: {text}", status=status,
+                           opcode=pending.opcode, error=error, details=details)
+
+    def _request(self, opcode: Opcode, payload=b"", what: str = "") -> bytes:
+        """Send one request and wait for its reply; returns the reply body.
+
+        Raises
+        ------
+        DeviceError
+            the device refused it (after ``retries`` resends for BAD_CRC/TRUNCATED).
+        LinkError
+            see :meth:`_receive`.
+        """
+        for attempt in range(self.retries + 1):
+            pending = self._send(opcode, payload, what)
+            status, body = self._receive(pending)
+            if status is Status.OK:
+                return body
+            if status not in (Status.BAD_CRC, Status.TRUNCATED) or attempt == self.retries:
+                raise self._refusal(pending, status, body)
+
+    def _transfer(self, requests) -> list[bytes]:
+        """Send ``(opcode, payload, what)`` requests with up to ``window`` in flight;
+        returns the reply bodies in order. WRITE and READ frames the device received
+        corrupted are sent again (up to ``retries`` times; their order does not matter).
+        On the first refusal the replies still due are read, then the refusal is raised.
+        """
+        requests = list(requests)
+        bodies = [None] * len(requests)
+        queue = collections.deque(range(len(requests)))
+        attempts = collections.Counter()
+        inflight = collections.deque()
+        failure = None
+        while True:
+            while failure is None and queue and len(inflight) < self.window:
+                i = queue.popleft()
+                inflight.append((i, self._send(*requests[i])))
+            if not inflight:
+                break
+            i, pending = inflight.popleft()
+            status, body = self._receive(pending)
+            if status is Status.OK:
+                bodies[i] = body
+            elif failure is None:
+                if (status in (Status.BAD_CRC, Status.TRUNCATED)
+                        and pending.opcode in (Opcode.WRITE, Opcode.READ)
+                        and attempts[i] < self.retries):
+                    attempts[i] += 1
+                    queue.appendleft(i)
+                else:
+                    failure = self._refusal(pending, status, body)
+        if failure is not None:
+            raise failure
+        return bodies
+
+    # --- device information ----------------------------------------------------------------
+
+    def info(self) -> dict:
+        """Protocol version, ``max_payload``, the build parameters (as ``NpuModel.info``:
+        ``unary_ops`` by name) and derived sizes. Cached after the first call."""
+        if self._info is None:
+            entries = p.unpack_info(self._request(Opcode.INFO))
+            if entries["protocol_version"] != p.PROTOCOL_VERSION:
+                raise LinkError(f"device speaks protocol version "
+                                f"{entries['protocol_version']}, this host "
+                                f"{p.PROTOCOL_VERSION}", opcode=Opcode.INFO)
+            self._config = p.config_from_entries(entries)
+            entries["unary_ops"] = [op.name.lower() for op in self._config.unary_ops]
+            self._info = entries
+        return dict(self._info)
+
+    @property
+    def config(self):
+        """The device's ``NpuConfig`` (from INFO)."""
+        if self._config is None:
+            self.info()
+        return self._config
+
+    def status(self) -> dict:
+        """``{"error": ErrorCode, "busy": bool, "input_level": int, "output_level": int}``."""
+        status = p.unpack_status(self._request(Opcode.STATUS))
+        try:
+            status["error"] = ErrorCode(status["error"])
+        except ValueError:
+            pass                              # an unknown code stays an int
+        return status
+
+    @property
+    def error(self) -> ErrorCode:
+        """The device's sticky error flag."""
+        return self.status()["error"]
+
+    @property
+    def input_level(self) -> int:
+        return self.status()["input_level"]
+
+    @property
+    def output_level(self) -> int:
+        return self.status()["output_level"]
+
+    def clear_error(self) -> None:
+        self._request(Opcode.CLEAR_ERROR)
+
+    def counters(self) -> dict[str, int]:
+        """Every counter of the device, by the names it reports."""
+        return p.unpack_entries(self._request(Opcode.READ_COUNTERS))
+
+    def clear_counters(self) -> None:
+        self._request(Opcode.CLEAR_COUNTERS)
+
+    def reset(self) -> None:
+        """Memories, program, queues, registers, counters and error to power-on state."""
+        self._request(Opcode.RESET)
+
+    # --- memories ------------------------------------------------------------------------
+
+    def _vectors(self, name: str, data) -> np.ndarray:
+        arr = np.asarray(data)
+        if arr.dtype == np.float16:
+            arr = arr.view(np.uint16)
+        n = self.config.n
+        if arr.dtype != np.uint16 or arr.ndim != 2 or arr.shape[1] != n or not len(arr):
+            raise ValueError(f"{name} must be a uint16 (FP16 bits) or float16 array of shape "
+                             f"(count >= 1, {n}), not {arr.dtype} {arr.shape}")
+        return arr
+
+    def _chunks(self, total: int, per: int):
+        return [(i, min(per, total - i)) for i in range(0, total, per)]
+
+    def write(self, space, addr: int, data) -> None:
+        """Write native vectors (uint16 or float16 ``(count, n)``) or MRF words (ints, or
+        one int) to ``space`` from word ``addr``, in as many frames as needed.
+
+        Raises
+        ------
+        ValueError
+            for data of the wrong type or shape (nothing sent).
+        DeviceError
+            naming the frame the device refused (earlier frames were written).
+        """
+        self._transfer(self._write_requests(space, addr, data))
+
+    def _write_requests(self, space, addr: int, data, job: str = ""):
+        space = Space(space)
+        size = p.word_bytes(self.config, space.value)
+        if space is Space.MRF:
+            words = [data] if isinstance(data, (int, np.integer)) else list(data)
+            if not words:
+                raise ValueError("data must hold at least one MRF word")
+            try:
+                raw = p.words_to_bytes(words, size)
+            except (OverflowError, TypeError, ValueError) as exc:
+                raise ValueError(f"MRF words must be integers of {size} bytes: {exc}") from None
+            count = len(words)
+        else:
+            arr = self._vectors("data", data)
+            raw = p.vectors_to_bytes(arr)
+            count = len(arr)
+        per = min((p.MAX_PAYLOAD - 8) // size, 0xFFFF)
+        requests = []
+        for start, k in self._chunks(count, per):
+            body = raw[start * size:(start + k) * size]
+            requests.append((Opcode.WRITE, p.pack_access(space.value, addr + start, k) + body,
+                             f"{job}WRITE {space.name}[{addr + start}:{addr + start + k}]"))
+        return requests
+
+    def read(self, space, addr: int, count: int):
+        """``count`` native vectors (uint16 ``(count, n)``) or MRF words (list of int) of
+        ``space`` from word ``addr``.
+
+        Raises
+        ------
+        DeviceError
+            naming the frame the device refused.
+        """
+        space = Space(space)
+        size = p.word_bytes(self.config, space.value)
+        per = (p.MAX_PAYLOAD - 1) // size
+        requests = [(Opcode.READ, p.pack_access(space.value, addr + start, k),
+                     f"READ {space.name}[{addr + start}:{addr + start + k}]")
+                    for start, k in self._chunks(count, per)]
+        bodies = self._transfer(requests)
+        raw = b"".join(bodies)
+        if space is Space.MRF:
+            return p.bytes_to_words(raw, size)
+        return p.bytes_to_vectors(raw, self.config.n)
+
+    def load_program(self, words) -> None:
+        """Load a program (uint64 words); it replaces the one in force once all of it has
+        arrived.
+
+        Raises
+        ------
+        ValueError
+            when ``words`` is not a non-empty 1-D array of 64-bit words.
+        DeviceError
+            when the device refuses it (too long: BAD_COUNT).
+        """
+        arr = np.asarray(words)
+        if arr.ndim != 1 or not len(arr) or arr.dtype.kind not in "ui":
+            raise ValueError(f"words must be a non-empty 1-D array of 64-bit words, not "
+                             f"{arr.dtype} {arr.shape}")
+        raw = p.program_to_bytes(arr)
+        per = (p.MAX_PAYLOAD - 8) // 8
+        total = len(arr)
+        self._transfer([(Opcode.LOAD_PROGRAM,
+                         p.pack_program_chunk(start, total, raw[start * 8:(start + k) * 8]),
+                         f"LOAD_PROGRAM words {start}:{start + k} of {total}")
+                        for start, k in self._chunks(total, per)])
+
+    # --- queues and runs -----------------------------------------------------------------
+
+    def _push_requests(self, vectors, job: str = ""):
+        raw = p.vectors_to_bytes(self._vectors("vectors", vectors))
+        width = 2 * self.config.n
+        per = p.MAX_PAYLOAD // width
+        return [(Opcode.PUSH_INPUT, raw[s * width:(s + k) * width],
+                 f"{job}PUSH_INPUT of {k} vectors")
+                for s, k in self._chunks(len(raw) // width, per)]
+
+    def _pop_requests(self, count: int, job: str = ""):
+        from host.spec.formats import check_int
+        count = check_int("count", count, 1)
+        per = (p.MAX_PAYLOAD - 1) // (2 * self.config.n)
+        return [(Opcode.POP_OUTPUT, p.pack_pop(k), f"{job}POP_OUTPUT of {k} vectors")
+                for _, k in self._chunks(count, per)]
+
+    def _vectors_of(self, bodies) -> np.ndarray:
+        return p.bytes_to_vectors(b"".join(bodies), self.config.n)
+
+    def push_input(self, vectors) -> None:
+        """Append native vectors (uint16 or float16 ``(k, n)``) to the input queue.
+
+        Raises
+        ------
+        DeviceError
+            QUEUE_FULL (that frame not queued), DEVICE_ERROR while the error flag is set.
+        """
+        self._transfer(self._push_requests(vectors))
+
+    def pop_output(self, count: int) -> np.ndarray:
+        """Take ``count`` native vectors (uint16 ``(count, n)``) from the output queue.
+
+        Raises
+        ------
+        DeviceError
+            QUEUE_EMPTY (nothing taken by that frame), DEVICE_ERROR while the error flag
+            is set.
+        """
+        return self._vectors_of(self._transfer(self._pop_requests(count)))
+
+    def run(self):
+        """Run the loaded program to its ``end``; returns a ``host.model.core.RunResult``.
+
+        Raises
+        ------
+        DeviceError
+            DEVICE_ERROR when the run failed (``error`` the code, ``details["pc"]`` the
+            failing instruction; the device's error flag is set) or the flag was already
+            set.
+        """
+        return _run_result(self._request(Opcode.RUN))
+
+    # --- streaming -----------------------------------------------------------------------
+
+    def stream(self, inputs, *, outputs: int, window: int = 4, progress=None,
+               total: int | None = None, prologue=()):
+        """Run one job per element of ``inputs`` through the loaded program; yield each
+        job's outputs (uint16 ``(outputs, n)``), in order.
+
+        A job is WRITE of the ``prologue`` memories (if any), PUSH_INPUT of its vectors
+        (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT of ``outputs`` vectors. Up to
+        ``window`` jobs are in flight (sent, results not yet read); ``inputs`` is
+        consumed lazily, so memory stays bounded for any number of jobs. The device
+        executes requests in order, so results come back in order.
+
+        Parameters
+        ----------
+        inputs : iterable of arrays
+        outputs : int
+            Output vectors per job (>= 1).
+        window : int
+            Jobs in flight, 1 to 64 (1: wait for each job before sending the next). The
+            link must buffer the requests of ``window`` jobs (the gateware's receive FIFO,
+            or flow control).
+        progress : callable(done, total), True, or None
+            Called after each job; True draws a :class:`ProgressBar` on stderr.
+        total : int, optional
+            Jobs expected, for the progress display (default ``len(inputs)`` if it has one).
+        prologue : sequence of (space, addr, data)
+            Memories written before every job: the state each job starts from (an
+            LSTM's ``h0`` and ``c0``), so that jobs are independent of each other.
+
+        Raises
+        ------
+        StreamError
+            when the device refuses any request of a job: every earlier job's results
+            have been yielded, no later job's are; ``job`` says which failed. Requests of
+            later jobs already sent are answered and their replies read first, so the link
+            is clean afterwards.
+        ValueError
+            for an input of the wrong shape (raised when that job is reached; the jobs
+            before it are delivered).
+        """
+        from host.spec.formats import check_int
+        check_int("outputs", outputs, 1)
+        check_int("window", window, 1, 64)
+        if total is None and hasattr(inputs, "__len__"):
+            total = len(inputs)
+        bar = ProgressBar() if progress is True else None
+        report = bar if bar is not None else progress
+        jobs = collections.deque()            # (index, [pending...])
+        source = iter(inputs)
+        sent = done = 0
+        bad_input = None                      # raised once the jobs before it are out
+        pops = self._pop_requests(outputs)
+        setup = [r for space, addr, data in prologue
+                 for r in self._write_requests(space, addr, data)]
+        try:
+            while True:
+                while len(jobs) < window and bad_input is None:
+                    try:
+                        x = next(source)
+                    except StopIteration:
+                        break
+                    label = f"job {sent}: "
+                    try:
+                        reqs = self._push_requests(x, label)
+                    except ValueError as exc:
+                        bad_input = ValueError(f"input of job {sent}: {exc}")
+                        break
+                    reqs = [(op, pl, f"{label}{what}") for op, pl, what in setup] + reqs
+                    reqs += [(Opcode.RUN, b"", f"{label}RUN")]
+                    reqs += [(op, pl, f"{label}{what}") for op, pl, what in pops]
+                    jobs.append((sent, [self._send(*r) for r in reqs]))
+                    sent += 1
+                if not jobs:
+                    if bad_input is not None:
+                        raise bad_input
+                    break
+                index, pendings = jobs.popleft()
+                bodies, failure = [], None
+                for pending in pendings:
+                    status, body = self._receive(pending)
+                    if status is not Status.OK and failure is None:
+                        failure = self._refusal(pending, status, body)
+                    bodies.append(body)
+                if failure is not None:
+                    self._fail_stream(index, failure, jobs)
+                yield self._vectors_of(bodies[-len(pops):])
+                done += 1
+                if report is not None:
+                    report(done, total)
+        finally:
+            # Jobs still in flight (the consumer stopped early, or an error) are answered
+            # before the link is used again.
+            self._drain(jobs)
+            if bar is not None:
+                bar.close()
+
+    def _drain(self, jobs) -> list[int]:
+        """Read the replies of ``jobs``; returns the indices whose RUN succeeded."""
+        ran = []
+        while jobs:
+            index, pendings = jobs.popleft()
+            for pending in pendings:
+                if not self._outstanding or self._outstanding[0] is not pending:
+                    continue                   # abandoned after a link error
+                status, _ = self._receive(pending)
+                if pending.opcode is Opcode.RUN and status is Status.OK:
+                    ran.append(index)
+        return ran
+
+    def _fail_stream(self, index, failure, jobs):
+        in_flight = [i for i, _ in jobs]
+        ran = self._drain(jobs)
+        message = f"job {index} failed: {failure}; jobs 0..{index - 1} delivered"
+        if in_flight:
+            message += (f"; jobs {in_flight[0]}..{in_flight[-1]} were in flight and "
+                        + (f"{ran} ran anyway, outputs dropped" if ran else "did not run"))
+        raise StreamError(message, job=index, in_flight=in_flight, ran=ran, cause=failure)
+
+    # --- images --------------------------------------------------------------------------
+
+    def load_image(self, image: "NetworkImage") -> None:
+        """Write an image's memories (``job_memories`` too), then load its program; jobs
+        go through :meth:`stream` with ``prologue=image.job_memories``.
+
+        Raises
+        ------
+        ValueError
+            when the image was built for other build parameters than the device's.
+        DeviceError
+            when the device refuses a write or the program.
+        """
+        image.check_config(self.config)
+        for space, addr, data in image.memories + image.job_memories:
+            self.write(space, addr, data)
+        self.load_program(image.program)
+
+
+def _run_result(body: bytes):
+    from host.model.core import RunResult
+    entries = p.unpack_entries(body)
+    return RunResult(cycles_predicted=entries.get("cycles_predicted", 0),
+                     chains=entries.get("chains", 0),
+                     instructions=entries.get("instructions", 0),
+                     error=ErrorCode.NONE, pc=entries.get("pc", 0))
+
+
+# --- network images --------------------------------------------------------------------------
+
+IMAGE_FORMAT = "bfp-npu-image"
+IMAGE_VERSION = 1
+
+
+@dataclass
+class NetworkImage:
+    """A compiled network as ``npu run`` loads it: program, memory contents, job shape.
+
+    Attributes
+    ----------
+    program : numpy.ndarray of uint64
+        Instruction words.
+    memories : list of (Space, int, data)
+        ``(space, addr, data)`` written once before the program is loaded: uint16
+        ``(count, n)`` for vector spaces, a list of ints (MRF words) for the MRF.
+    job_memories : list of (Space, int, data)
+        Written again before every job (``Device.stream``'s ``prologue``): the state each
+        job starts from, such as an LSTM's ``h0`` and ``c0``.
+    outputs : int
+        Output vectors each job produces (one input sequence in, ``outputs`` vectors out).
+    config : dict or None
+        Build parameters the program was compiled for (``NpuConfig`` fields; ``unary_ops``
+        as a list of names); :meth:`check_config` compares them with a device's.
+
+    The ``.npz`` file (:meth:`save`, :meth:`load`) holds ``program`` (uint64), ``mem0``,
+    ``mem1``, ... (uint16 ``(count, n)``, or for the MRF uint8 ``(count, k)``: each
+    word's bytes, little-endian) and ``meta``, a JSON string: ``{"format":
+    "bfp-npu-image", "version": 1, "outputs": K, "config": {...} or null, "memories":
+    [{"space": "IVRF", "addr": 0, "every_job": false}, ...]}``, one entry per ``mem<i>``
+    in order: first ``memories``, then ``job_memories``.
+    """
+    program: np.ndarray
+    memories: list = field(default_factory=list)
+    job_memories: list = field(default_factory=list)
+    outputs: int = 1
+    config: dict | None = None
+
+    @classmethod
+    def from_program(cls, program, *, per_job_vectors: bool = True) -> "NetworkImage":
+        """The image of a ``host.compiler.programs.Program``.
+
+        Its matrices become MRF words, quantized by the reference model's weight
+        quantizer (the one the on-chip quantizer equals), covering just the tile slots
+        they occupy. Its vectors (biases, initial state) go to ``job_memories`` with
+        ``per_job_vectors`` (every job starts from the same state), else to
+        ``memories``. ``outputs`` is the program's. Its ``inputs`` are not part of the
+        image: they are the jobs.
+        """
+        import dataclasses
+        from host.model.core import NpuModel
+        cfg = program.config
+        scratch = NpuModel(cfg)
+        memories = []
+        for slot, matrix in program.matrices:
+            rows, cols = scratch.write_weights(slot, matrix)
+            per_slot = cfg.tiles * cfg.n
+            start, count = slot * per_slot, cfg.mvm.slots_needed(rows, cols) * per_slot
+            memories.append((Space.MRF, start, scratch.read(Space.MRF, start, count)))
+        vectors = [(Space(s), int(a), np.asarray(d, np.uint16)) for s, a, d in program.vectors]
+        config = dataclasses.asdict(cfg)
+        config["unary_ops"] = [op.name.lower() for op in cfg.unary_ops]
+        return cls(program=program.words, memories=memories + ([] if per_job_vectors
+                                                                else vectors),
+                   job_memories=vectors if per_job_vectors else [],
+                   outputs=program.outputs, config=config)
+
+    def check_config(self, config) -> None:
+        """Raise ValueError naming the first build parameter that differs from
+        ``config`` (an ``NpuConfig``)."""
+        if self.config is None:
+            return
+        for name, want in self.config.items():
+            have = getattr(config, name, None)
+            if name == "unary_ops":
+                have = [op.name.lower() for op in have]
+            if have != want:
+                raise ValueError(f"the image was built for {name}={want!r}, the device has "
+                                 f"{name}={have!r}")
+
+    def save(self, path) -> None:
+        """Write the ``.npz`` file described in the class docstring."""
+        arrays, entries = {}, []
+        tagged = [(m, False) for m in self.memories] + [(m, True) for m in self.job_memories]
+        for i, ((space, addr, data), every_job) in enumerate(tagged):
+            space = Space(space)
+            if space is Space.MRF:
+                words = [int(w) for w in data]
+                width = max(1, max(w.bit_length() for w in words) + 7 >> 3) if words else 1
+                arrays[f"mem{i}"] = np.array(
+                    [list(w.to_bytes(width, "little")) for w in words], np.uint8)
+            else:
+                arrays[f"mem{i}"] = np.asarray(data, dtype=np.uint16)
+            entries.append({"space": space.name, "addr": int(addr), "every_job": every_job})
+        meta = {"format": IMAGE_FORMAT, "version": IMAGE_VERSION, "outputs": int(self.outputs),
+                "config": self.config, "memories": entries}
+        np.savez(path, program=np.asarray(self.program, dtype=np.uint64),
+                 meta=np.array(json.dumps(meta)), **arrays)
+
+    @classmethod
+    def load(cls, path) -> "NetworkImage":
+        """Read an image file.
+
+        Raises
+        ------
+        ValueError
+            naming what is missing or malformed.
+        OSError
+            when the file cannot be read.
+        """
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise ValueError(f"{path}: not a network image (an .npz file)")
+        with f:
+            if "meta" not in f or "program" not in f:
+                raise ValueError(f"{path}: not a network image (needs 'program' and 'meta')")
+            try:
+                meta = json.loads(str(f["meta"][()]))
+            except ValueError as exc:
+                raise ValueError(f"{path}: 'meta' is not JSON: {exc}") from None
+            if not isinstance(meta, dict) or meta.get("format") != IMAGE_FORMAT \
+                    or meta.get("version") != IMAGE_VERSION:
+                raise ValueError(f"{path}: not a {IMAGE_FORMAT!r} version {IMAGE_VERSION} "
+                                 f"image")
+            program = f["program"]
+            if program.dtype != np.uint64 or program.ndim != 1:
+                raise ValueError(f"{path}: 'program' must be 1-D uint64, not "
+                                 f"{program.dtype} {program.shape}")
+            once, every = [], []
+            for i, entry in enumerate(meta.get("memories", [])):
+                try:
+                    space = Space[entry["space"]]
+                    addr = int(entry["addr"])
+                    data = f[f"mem{i}"]
+                    every_job = bool(entry.get("every_job", False))
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise ValueError(f"{path}: memory entry {i} is malformed: {exc!r}") from None
+                if space is Space.MRF:
+                    data = [int.from_bytes(row.tobytes(), "little") for row in data]
+                (every if every_job else once).append((space, addr, data))
+            outputs = meta.get("outputs", 1)
+            if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1:
+                raise ValueError(f"{path}: 'outputs' must be a positive integer, not "
+                                 f"{outputs!r}")
+            return cls(program=program, memories=once, job_memories=every, outputs=outputs,
+                       config=meta.get("config"))

@@ -1,0 +1,257 @@
+"""Build configuration of the matrix-vector unit, described once.
+
+Every width of the gateware and every bound of the reference model is derived here from a
+handful of parameters, so that the hardware, the model and the host agree by construction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+
+from host.spec.formats import (
+    FP16_MAX_EXP, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN, MVM_EXP_EXACT_MIN, block_bits,
+    check_int,
+)
+
+__all__ = ["MvmConfig", "NpuConfig"]
+
+
+def _clog2(value: int) -> int:
+    return max(0, (value - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class MvmConfig:
+    """Parameters of one matrix-vector multiplier build.
+
+    Parameters
+    ----------
+    n : int
+        Native dimension N, a power of two from 4 to 64: a tile is N x N, a native vector
+        has N lanes, a BFP block has N mantissas.
+    tiles : int
+        Tile engines T, 1 to 8. Engine ``t`` holds column tiles ``c`` with ``c % T == t``.
+    mantissa_bits_v, mantissa_bits_w : int
+        Mantissa widths of vector and weight blocks, 2 to 16.
+    mrf_depth : int
+        Tile slots per tile engine (each slot is one N x N tile: N block words, one per
+        dot-product engine), 1 to 65536.
+    max_col_tiles : int
+        Largest number of column tiles C of one product, 1 to 4096; sizes the vector
+        buffer and the BFP-long accumulator.
+    counter_bits : int
+        Width of every saturating event counter, 1 to 64.
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming the parameter and the value when it is not an integer in range.
+    """
+    n: int = 16
+    tiles: int = 2
+    mantissa_bits_v: int = 4
+    mantissa_bits_w: int = 4
+    mrf_depth: int = 512
+    max_col_tiles: int = 64
+    counter_bits: int = 32
+
+    def __post_init__(self):
+        check_int("n", self.n, 4, 64)
+        if self.n & (self.n - 1):
+            raise ValueError(f"n must be a power of two, not {self.n}")
+        check_int("tiles", self.tiles, 1, 8)
+        check_int("mantissa_bits_v", self.mantissa_bits_v, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+        check_int("mantissa_bits_w", self.mantissa_bits_w, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+        check_int("mrf_depth", self.mrf_depth, 1, 65536)
+        check_int("max_col_tiles", self.max_col_tiles, 1, 4096)
+        check_int("counter_bits", self.counter_bits, 1, 64)
+
+    # --- derived widths -------------------------------------------------------------------
+
+    @property
+    def log2_n(self) -> int:
+        return self.n.bit_length() - 1
+
+    @property
+    def vector_block_bits(self) -> int:
+        """Bits of one quantized native vector: exponent code and N mantissas."""
+        return block_bits(self.n, self.mantissa_bits_v)
+
+    @property
+    def weight_block_bits(self) -> int:
+        """Bits of one MRF word (one tile row): exponent code and N mantissas."""
+        return block_bits(self.n, self.mantissa_bits_w)
+
+    @property
+    def product_bits(self) -> int:
+        """Signed width of one mantissa product."""
+        return self.mantissa_bits_v + self.mantissa_bits_w - 1
+
+    @property
+    def dot_bits(self) -> int:
+        """Signed width of a tile dot product (the adder-tree root)."""
+        return self.product_bits + self.log2_n
+
+    @property
+    def acc_lsb(self) -> int:
+        """Exponent of the BFP-long accumulator's LSB (``docs/numerics.md`` section 4)."""
+        return 2 * MVM_EXP_EXACT_MIN - (self.mantissa_bits_v - 2) - (self.mantissa_bits_w - 2)
+
+    @property
+    def max_shift(self) -> int:
+        """Largest left shift of a tile product onto the accumulator grid."""
+        return (2 * FP16_MAX_EXP - (self.mantissa_bits_v - 2) - (self.mantissa_bits_w - 2)
+                - self.acc_lsb)
+
+    @property
+    def acc_bits(self) -> int:
+        """Signed width of the BFP-long accumulator; no sum of up to ``max_col_tiles``
+        tile products can overflow it."""
+        return _clog2(self.max_col_tiles * self.n) + 33 - self.acc_lsb
+
+    @property
+    def col_groups_max(self) -> int:
+        """Column-tile groups (cycles per row block) of the widest product."""
+        return -(-self.max_col_tiles // self.tiles)
+
+    @property
+    def macs_per_cycle(self) -> int:
+        return self.tiles * self.n * self.n
+
+    # --- placement of a logical matrix in the MRF ----------------------------------------
+
+    def slots_needed(self, row_tiles: int, col_tiles: int) -> int:
+        """Tile slots (per engine) that a product of ``row_tiles x col_tiles`` tiles uses.
+
+        ``row_tiles * ceil(col_tiles / tiles)``: each engine holds ``G = ceil(C/T)`` slots
+        per row of tiles, and the product computes one group of ``T`` tiles per cycle.
+
+        Raises
+        ------
+        TypeError, ValueError
+            naming the argument when it is not an integer >= 1 (``col_tiles`` at most
+            ``max_col_tiles``).
+        """
+        row_tiles = check_int("row_tiles", row_tiles, 1)
+        col_tiles = check_int("col_tiles", col_tiles, 1, self.max_col_tiles)
+        return row_tiles * -(-col_tiles // self.tiles)
+
+    def tile_slot(self, base: int, r: int, c: int, col_tiles: int) -> tuple[int, int]:
+        """Where tile ``(r, c)`` of a product with ``col_tiles`` column tiles lives.
+
+        Returns ``(engine, slot)``: engine ``c % tiles``, slot ``base + r*G + c // tiles``
+        with ``G = ceil(col_tiles / tiles)``. Row ``i`` of the tile is the word at that
+        slot in dot-product engine ``i`` of that engine. ``docs/mvm.md`` has the picture.
+
+        Raises
+        ------
+        TypeError, ValueError
+            naming the argument when it is not an integer in range (``c < col_tiles``,
+            the slot inside ``mrf_depth``).
+        """
+        col_tiles = check_int("col_tiles", col_tiles, 1, self.max_col_tiles)
+        base = check_int("base", base, 0, self.mrf_depth - 1)
+        r = check_int("r", r, 0)
+        c = check_int("c", c, 0, col_tiles - 1)
+        groups = -(-col_tiles // self.tiles)
+        slot = base + r * groups + c // self.tiles
+        if slot >= self.mrf_depth:
+            raise ValueError(f"tile ({r}, {c}) of a product at base {base} with {col_tiles} "
+                             f"column tiles needs slot {slot}, beyond mrf_depth "
+                             f"{self.mrf_depth}")
+        return c % self.tiles, slot
+
+
+@dataclass(frozen=True)
+class NpuConfig(MvmConfig):
+    """Parameters of one NPU core build: the MVM's (it extends :class:`MvmConfig`, whose
+    derived widths it has) plus the MFUs, the vector memories, the queues and the
+    program memory (``docs/isa.md``).
+
+    Parameters
+    ----------
+    n, tiles, mantissa_bits_v, mantissa_bits_w, mrf_depth, max_col_tiles, counter_bits
+        As :class:`MvmConfig` (validated by it).
+    mfus : int
+        Multifunction units, 2 to 4 (``mfus``, ``vrf_depth``, ``max_length`` and
+        ``unary_ops`` are validated by ``host.spec.mfu.MfuConfig``).
+    ivrf_depth : int
+        Native vectors in the InitialVrf, 1 to 2**24.
+    vrf_depth : int
+        Native vectors in each MFU VRF (AddSubVrf, MulVrf), 1 to 4096.
+    netq_depth : int
+        Native vectors each network queue (input, output) holds, 1 to 2**24.
+    program_depth : int
+        Instruction words of program memory, 2 to 2**20.
+    max_length : int
+        Largest logical vector in native vectors (chain length), a power of two from 1
+        to 256.
+    unary_ops : collection of UnaryOp or names, or None
+        The unary functions built (None: all; at least one); stored as a sorted tuple of
+        UnaryOp.
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming the parameter and the value when it is not an integer in range.
+    """
+    mfus: int = 2
+    ivrf_depth: int = 1024
+    vrf_depth: int = 512
+    netq_depth: int = 512
+    program_depth: int = 4096
+    max_length: int = 64
+    unary_ops: tuple = None
+
+    def __post_init__(self):
+        from host.spec.ops import parse_ops
+        super().__post_init__()
+        for name in ("ivrf_depth", "netq_depth"):
+            check_int(name, getattr(self, name), 1, 1 << 24)
+        check_int("program_depth", self.program_depth, 2, 1 << 20)
+        object.__setattr__(self, "unary_ops", parse_ops(self.unary_ops))
+        self.mfu                                 # validates mfus, vrf_depth, max_length
+
+    @property
+    def mvm(self) -> MvmConfig:
+        """The MVM part of the build, as a plain :class:`MvmConfig`."""
+        return MvmConfig(**{f.name: getattr(self, f.name) for f in fields(MvmConfig)})
+
+    @property
+    def mfu(self):
+        """The MFU chain's ``host.spec.mfu.MfuConfig``."""
+        from host.spec.mfu import MfuConfig
+        return MfuConfig(n=self.n, mfus=self.mfus, vrf_depth=self.vrf_depth,
+                         max_length=self.max_length, unary_ops=self.unary_ops,
+                         counter_bits=self.counter_bits)
+
+    @property
+    def direct_depth(self) -> int:
+        """Native vectors the core's reader buffers for chains without a product:
+        ``max(4, 2 * max_length)``, two whole instances, so that the reader can go on to
+        the next product's input while they wait for the MFU pipeline (``docs/npu.md``
+        section 3)."""
+        return max(4, 2 * self.max_length)
+
+    @property
+    def mrf_words(self) -> int:
+        """MRF words in the flat host address space (``host.spec.isa.mrf_address``)."""
+        return self.tiles * self.n * self.mrf_depth
+
+    def to_json(self) -> str:
+        """The build as JSON (fields by name, keys sorted, unary ops by their lower-case
+        names): how benches hand a build to a simulation and how builds are named."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["unary_ops"] = [op.name.lower() for op in self.unary_ops]
+        return json.dumps(values, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "NpuConfig":
+        """Inverse of :meth:`to_json` (validated as the constructor validates)."""
+        return cls(**json.loads(text))
+
+    @property
+    def max_elements(self) -> int:
+        """Largest ROWS value: ``max_length * n``."""
+        return self.max_length * self.n

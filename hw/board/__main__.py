@@ -1,0 +1,3 @@
+from hw.board.board import main
+
+main()

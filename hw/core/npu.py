@@ -1,0 +1,1163 @@
+"""The NPU core: program memory, decoder and chain checker, scheduler, vector memories,
+network queues, the MVM (:class:`hw.mvm.mvm.Mvm`) and the MFU pipeline
+(:class:`hw.mfu.mfu.MfuPipeline`).
+
+It runs the binary programs of :mod:`host.spec.isa` with the results, memory contents,
+counters and error codes of :class:`host.model.core.NpuModel`, bit for bit. ``docs/npu.md``
+describes the ports, the pipeline and the timing.
+"""
+
+from amaranth.hdl import Const, Module, Mux, ResetInserter, Signal, Value, signed, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for, ceil_log2
+
+from host.spec.config import NpuConfig
+from host.spec.formats import FP16_BITS, MAX_EXPONENT_CODE, Rounding, block_layout
+from host.spec.ops import BinaryOp
+from host.spec.isa import MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits
+from host.spec.mfu import MfuUnit, chain_layout, mfu_layout, vrf_write_layout
+from host.spec.counters import MVM_COUNTERS
+
+from hw.mfu.mfu import MfuPipeline
+from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
+from hw.core.decode import InstructionDecoder
+from hw.mvm.tile_engine import TileEngine
+
+__all__ = [
+    "NpuCore", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS",
+    "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
+]
+
+#: Chain instances issued and not yet completely written (scheduler window).
+IN_FLIGHT = 4
+#: Width of the address field of the host's vector-memory ports (the ISA's 2**24).
+HOST_ADDR_BITS = 24
+#: Width of the address field of the program-write port (program_depth <= 2**20).
+PROGRAM_ADDR_BITS = 20
+_INC_BITS = 16
+_OPERAND_BITS = 32
+
+
+def vector_layout(config: NpuConfig) -> data.ArrayLayout:
+    """A native vector: ``n`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``."""
+    return data.ArrayLayout(unsigned(FP16_BITS), config.n)
+
+
+def vector_write_layout(config: NpuConfig) -> data.StructLayout:
+    """``vec_w`` payload: ``space`` (Space), ``addr`` (24 bits), ``values`` (a vector)."""
+    return data.StructLayout({"space": Space, "addr": unsigned(HOST_ADDR_BITS),
+                              "values": vector_layout(config)})
+
+
+def vector_read_layout(config: NpuConfig) -> data.StructLayout:
+    """``vec_r_req`` payload: ``space`` (Space), ``addr`` (24 bits)."""
+    return data.StructLayout({"space": Space, "addr": unsigned(HOST_ADDR_BITS)})
+
+
+def program_write_layout(config: NpuConfig) -> data.StructLayout:
+    """``prog_w`` payload: ``addr`` (20 bits), ``word`` (64-bit instruction)."""
+    return data.StructLayout({"addr": unsigned(PROGRAM_ADDR_BITS), "word": unsigned(64)})
+
+
+def _vaddr_bits(config):
+    return max(1, ceil_log2(max(config.ivrf_depth, config.vrf_depth)))
+
+
+def _count_bits(config):
+    """Width of a count of native vectors of one instance (C or L)."""
+    return bits_for(max(config.max_col_tiles, config.max_length, config.n))
+
+
+def _iter_bits(config):
+    """Width of an iteration count: ITERATIONS's range (``host.spec.isa.register_limits``)."""
+    return bits_for(register_limits(config)[Reg.ITERATIONS][1])
+
+
+def _pitch_bits(config):
+    """Width of a window row pitch: WIN_PITCH's range."""
+    return bits_for(register_limits(config)[Reg.WIN_PITCH][1])
+
+
+def _chain_layout(config: NpuConfig) -> data.StructLayout:
+    """A checked chain, handed from the checker to the issuer (addresses of iteration 0)."""
+    a = _vaddr_bits(config)
+    mfu = config.mfu
+    vrfs = 2 * config.mfus
+    return data.StructLayout({
+        "rd_space": Space, "rd_addr": unsigned(a), "rd_inc": unsigned(_INC_BITS),
+        "has_mv": unsigned(1), "mv_slot": unsigned(TileEngine.slot_bits(config.mvm)),
+        "mv_inc": unsigned(_INC_BITS),
+        "pix": unsigned(_count_bits(config)), "win_w": unsigned(_count_bits(config)),
+        "win_h": unsigned(_count_bits(config)), "pitch": unsigned(_pitch_bits(config)),
+        "lanes_cols": unsigned(bits_for(config.n)),
+        "cols": unsigned(_count_bits(config)), "c_in": unsigned(_count_bits(config)),
+        "extent": unsigned(a + 1),
+        "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
+        "iters": unsigned(_iter_bits(config)),
+        "rounding": Rounding, "static": unsigned(1), "q_exponent": unsigned(8),
+        "narrow": unsigned(7),
+        "mfu": data.ArrayLayout(mfu_layout(mfu), config.mfus),
+        "vv_used": unsigned(vrfs), "vv_inc": data.ArrayLayout(unsigned(_INC_BITS), vrfs),
+        "w_valid": unsigned(MAX_WRITES),
+        "w_space": data.ArrayLayout(Space, MAX_WRITES),
+        "w_addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
+        "w_inc": data.ArrayLayout(unsigned(_INC_BITS), MAX_WRITES),
+    })
+
+
+def _reader_layout(config):
+    a = _vaddr_bits(config)
+    cb = _count_bits(config)
+    return data.StructLayout({
+        "space": Space, "base": unsigned(a), "pix": unsigned(cb), "win_w": unsigned(cb),
+        "win_h": unsigned(cb), "pitch": unsigned(_pitch_bits(config)),
+        "lanes_cols": unsigned(bits_for(config.n)), "to_mvm": unsigned(1),
+    })
+
+
+def _feeder_layout(config):
+    return data.StructLayout({"chain": chain_layout(config.mfu), "to_mvm": unsigned(1)})
+
+
+def _writer_layout(config):
+    a = _vaddr_bits(config)
+    return data.StructLayout({
+        "length": unsigned(config.mfu.length_bits),
+        "valid": unsigned(MAX_WRITES),
+        "space": data.ArrayLayout(Space, MAX_WRITES),
+        "addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
+    })
+
+
+def _vrf_space(index):
+    """Space of VRF ``index`` (``2m + bank``): AddSubVrf ``m`` or MulVrf ``m``."""
+    return 2 + index
+
+
+def _fifo(m, name, layout, depth):
+    f = fifo.SyncFIFOBuffered(width=layout.size, depth=depth)
+    m.submodules[name] = f
+    return f, data.View(layout, f.r_data), data.View(layout, f.w_data)
+
+
+def _raw(value):
+    """The plain value of a signal or an enum view (ordering comparisons need it)."""
+    return Value.cast(value)
+
+
+def _any(values):
+    result = Const(0, 1)
+    for v in values:
+        result = result | v
+    return result
+
+
+class NpuCore(wiring.Component):
+    """One NPU core (``docs/npu.md``).
+
+    Parameters
+    ----------
+    config : host.spec.config.NpuConfig
+
+    Attributes
+    ----------
+    vec_w : ``In(stream.Signature(vector_write_layout(config)))``
+        Host write of one native vector into the IVRF or an MFU VRF.
+    vec_r_req : ``In(stream.Signature(vector_read_layout(config)))``,
+    vec_r_resp : ``Out(stream.Signature(vector_layout(config)))``
+        Host read of one native vector (an all-zero vector for a refused request).
+    mrf_w : ``In(stream.Signature(hw.mvm.mvm.mrf_word_layout(config.mvm)))``
+        One packed MRF word (``host.numerics.bfp.pack`` of a tile row) at ``engine, row, slot``.
+    w_rows : ``In(stream.Signature(hw.mvm.mvm.weight_row_layout(config.mvm)))``
+        One FP16 tile row quantized on chip into the MRF.
+    mrf_r_req : ``In(stream.Signature(hw.mvm.mvm.mrf_address_layout(config.mvm)))``,
+    mrf_r_resp : ``Out(stream.Signature(block_layout(n, m_w)))``
+        MRF read-back (all-zero word for a refused request).
+    prog_w : ``In(stream.Signature(program_write_layout(config)))``
+        One program word; a write at address 0 starts a new program (its length is one
+        more than the highest address written since).
+    inq : ``In(stream.Signature(vector_layout(config)))``
+        Network input queue push; always ready, a push into a full queue is refused.
+    outq : ``Out(stream.Signature(vector_layout(config)))``
+        Network output queue pop.
+    run : ``In(1)``
+        Start the program at instruction 0 (ignored while busy).
+    busy : ``Out(1)``, done : ``Out(1)``
+        ``busy`` while a program runs; ``done`` from its end (``end`` reached or an
+        error) to the next ``run``.
+    error : ``Out(ErrorCode)``
+        Sticky error of the runs (the first since the last ``error_clear``); a run does
+        not start while it is set.
+    access_error : ``Out(ErrorCode)``
+        Sticky error of refused host requests (the first since the last ``error_clear``).
+    error_clear : ``In(1)``
+        Clears ``error`` and ``access_error``.
+    pc : ``Out(PROGRAM_ADDR_BITS + 1)``
+        After a run: index of the ``end`` reached or of the failing instruction.
+    cycles : ``Out(32)``
+        Clock cycles of the last run, from ``run`` to ``done``.
+    inq_level, outq_level : ``Out(range(netq_depth + 1))``
+    vector_saturations, vector_nonfinite, weight_saturations, weight_nonfinite,
+    narrow_events, output_saturations : ``Out(counter_bits)``
+        The MVM's counters.
+    mfu_overflow, mfu_nan_created : ``Out(ArrayLayout(unsigned(counter_bits), mfus))``
+        Every MFU's counters.
+    counters_clear : ``In(1)``
+    soft_reset : ``In(1)``
+        Everything but the memory contents to its power-on state: run stopped, queues
+        empty, program length 0, counters and errors zero.
+
+    Host requests other than ``inq``/``outq`` wait while a program runs.
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not an :class:`host.spec.config.NpuConfig`.
+    """
+
+    def __init__(self, config):
+        if not isinstance(config, NpuConfig):
+            self._MustUse__silence = True    # a refused core is no unused elaboratable
+            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        self._config = c = config
+        mvm = c.mvm
+        cb = c.counter_bits
+        counters = data.ArrayLayout(unsigned(cb), c.mfus)
+        sig = {
+            "vec_w": In(stream.Signature(vector_write_layout(c))),
+            "vec_r_req": In(stream.Signature(vector_read_layout(c))),
+            "vec_r_resp": Out(stream.Signature(vector_layout(c))),
+            "mrf_w": In(stream.Signature(mrf_word_layout(mvm))),
+            "w_rows": In(stream.Signature(weight_row_layout(mvm))),
+            "mrf_r_req": In(stream.Signature(mrf_address_layout(mvm))),
+            "mrf_r_resp": Out(stream.Signature(block_layout(c.n, c.mantissa_bits_w))),
+            "prog_w": In(stream.Signature(program_write_layout(c))),
+            "inq": In(stream.Signature(vector_layout(c))),
+            "outq": Out(stream.Signature(vector_layout(c))),
+            "run": In(1),
+            "busy": Out(1),
+            "done": Out(1),
+            "error": Out(ErrorCode),
+            "access_error": Out(ErrorCode),
+            "error_clear": In(1),
+            "pc": Out(PROGRAM_ADDR_BITS + 1),
+            "cycles": Out(32),
+            "inq_level": Out(range(c.netq_depth + 1)),
+            "outq_level": Out(range(c.netq_depth + 1)),
+            "mfu_overflow": Out(counters),
+            "mfu_nan_created": Out(counters),
+            "counters_clear": In(1),
+            "soft_reset": In(1),
+        }
+        for name in MVM_COUNTERS:
+            sig[name] = Out(cb)
+        super().__init__(sig)
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        m = Module()
+        core = Module()
+        self._build(core)
+        # Soft reset: every register of the core (and of the MVM and MFUs) to its
+        # power-on value; memory contents are not registers and stay.
+        m.submodules.core = ResetInserter({"sync": self.soft_reset})(core)
+        return m
+
+    # =================================================================================
+    def _build(self, m):
+        c = self._config
+        n = c.n
+        mcfg = c.mfu
+        log2n = c.mvm.log2_n
+        a_bits = _vaddr_bits(c)
+        vec = vector_layout(c)
+        vrfs = 2 * c.mfus
+
+        m.submodules.mvm = mvm = Mvm(c.mvm)
+        m.submodules.mfu = mfu = MfuPipeline(mcfg)
+        m.submodules.decoder = dec = InstructionDecoder()
+
+        # --- counters -------------------------------------------------------------
+        for name in MVM_COUNTERS:
+            m.d.comb += getattr(self, name).eq(getattr(mvm, name))
+        m.d.comb += [
+            self.mfu_overflow.eq(mfu.overflow), self.mfu_nan_created.eq(mfu.nan_created),
+            mvm.clear.eq(self.counters_clear), mfu.clear.eq(self.counters_clear),
+        ]
+
+        # --- run state shared by the parts ------------------------------------------
+        running = Signal()            # a program runs (front end not idle)
+        be_idle = Signal()            # the back end holds no chain and no instance
+
+        # --- memories ---------------------------------------------------------------
+        program = Memory(shape=64, depth=c.program_depth, init=[])
+        m.submodules.program = program
+        prog_wp = program.write_port()
+        prog_rp = program.read_port(domain="sync", transparent_for=())
+        prog_len = Signal(range(c.program_depth + 1))
+
+        ivrf = Memory(shape=vec, depth=c.ivrf_depth, init=[])
+        m.submodules.ivrf = ivrf
+        shadows = []
+        for k in range(vrfs):
+            mem = Memory(shape=vec, depth=c.vrf_depth, init=[])
+            m.submodules[f"vrf{k}"] = mem
+            shadows.append(mem)
+        # Space -> (memory, depth); one read and one write port each.
+        vmem = {Space.IVRF.value: (ivrf, c.ivrf_depth)}
+        for k, mem in enumerate(shadows):
+            vmem[_vrf_space(k)] = (mem, c.vrf_depth)
+        rports = {s: mem.read_port(domain="sync", transparent_for=())
+                  for s, (mem, _) in vmem.items()}
+        wports = {s: mem.write_port() for s, (mem, _) in vmem.items()}
+        # Shared read address/enable and write address/data/enable per space.
+        rd_addr = Signal(a_bits)
+        rd_en = Signal()
+        wr_addr = Signal(a_bits)
+        wr_data = Signal(vec)
+        wr_space = Signal(4)
+        wr_en = Signal()
+        for s, rp in rports.items():
+            m.d.comb += [rp.addr.eq(rd_addr), rp.en.eq(rd_en)]
+        for s, wp in wports.items():
+            m.d.comb += [wp.addr.eq(wr_addr), wp.data.eq(wr_data),
+                         wp.en.eq(wr_en & (wr_space == s))]
+        # The MFU VRFs (inside the pipeline) get every VRF write too.
+        vw = data.View(vrf_write_layout(mcfg), mfu.vrf_w.payload)
+        m.d.comb += [
+            mfu.vrf_w.valid.eq(wr_en & (wr_space >= 2) & (wr_space < 2 + vrfs)),
+            vw.mfu.eq((wr_space - 2) >> 1),
+            vw.bank.eq(wr_space[0]),
+            vw.addr.eq(wr_addr),
+            vw.values.eq(wr_data),
+        ]
+        rd_space_q = Signal(4)        # space of the read issued last cycle
+        rd_data = Signal(vec)
+        with m.Switch(rd_space_q):
+            for s, rp in rports.items():
+                with m.Case(s):
+                    m.d.comb += rd_data.eq(rp.data)
+
+        def space_exists(space):
+            space = _raw(space)
+            return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
+
+        def space_depth(space):
+            return Mux(_raw(space) == Space.IVRF.value, c.ivrf_depth, c.vrf_depth)
+
+        # --- network queues ---------------------------------------------------------
+        m.submodules.inq_fifo = inq = fifo.SyncFIFOBuffered(width=vec.size,
+                                                             depth=c.netq_depth)
+        m.submodules.outq_fifo = outq = fifo.SyncFIFOBuffered(width=vec.size,
+                                                              depth=c.netq_depth)
+        m.d.comb += [
+            self.inq_level.eq(inq.level), self.outq_level.eq(outq.level),
+            self.outq.valid.eq(outq.r_rdy), self.outq.payload.eq(outq.r_data),
+            outq.r_en.eq(self.outq.ready),
+            inq.w_data.eq(self.inq.payload),
+            inq.w_en.eq(self.inq.valid),
+            self.inq.ready.eq(1),
+        ]
+        # Vectors queued and not claimed by a checked chain; room not claimed.
+        inq_free = Signal(range(c.netq_depth + 1))
+        outq_room = Signal(range(c.netq_depth + 1), init=c.netq_depth)
+        inq_claim = Signal(range(c.netq_depth + 1))
+        outq_claim = Signal(range(c.netq_depth + 1))
+        pushed = self.inq.valid & inq.w_rdy
+        popped = self.outq.valid & self.outq.ready
+        m.d.sync += [inq_free.eq(inq_free + pushed - inq_claim),
+                     outq_room.eq(outq_room + popped - outq_claim)]
+
+        # --- errors -----------------------------------------------------------------
+        access_err = Signal(ErrorCode)
+        access_set = Signal(ErrorCode)
+        with m.If(access_set != ErrorCode.NONE):
+            with m.If(self.error_clear | (access_err == ErrorCode.NONE)):
+                m.d.sync += access_err.eq(access_set)
+        with m.Elif(self.error_clear):
+            m.d.sync += access_err.eq(ErrorCode.NONE)
+        m.d.comb += self.access_error.eq(access_err)
+        with m.If(self.inq.valid & ~inq.w_rdy):
+            m.d.comb += access_set.eq(ErrorCode.QUEUE_OVERFLOW)
+
+        # =============================================================================
+        # Host access to memories and program (only while no program runs)
+        # =============================================================================
+        host_ok = ~running
+        host_wr_en = Signal()
+        host_rd_en = Signal()
+        host_rd_addr = Signal(a_bits)
+
+        # Vector write.
+        w = self.vec_w.payload
+        w_bad_space = ~space_exists(w.space)
+        w_bad_addr = w.addr >= space_depth(w.space)
+        m.d.comb += self.vec_w.ready.eq(host_ok)
+        with m.If(self.vec_w.valid & host_ok):
+            with m.If(w_bad_space):
+                m.d.comb += access_set.eq(ErrorCode.ILLEGAL_FIELD)
+            with m.Elif(w_bad_addr):
+                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
+            with m.Else():
+                m.d.comb += host_wr_en.eq(1)
+
+        # Vector read: one request at a time, the response held until taken.
+        r = self.vec_r_req.payload
+        resp_valid = Signal()
+        resp_pending = Signal()       # read issued last cycle
+        resp_zero = Signal()
+        resp_data = Signal(vec)
+        r_bad_space = ~space_exists(r.space)
+        r_bad_addr = r.addr >= space_depth(r.space)
+        take_r = self.vec_r_req.valid & host_ok & ~resp_valid & ~resp_pending
+        m.d.comb += self.vec_r_req.ready.eq(host_ok & ~resp_valid & ~resp_pending)
+        host_rd_space = Signal(4)
+        with m.If(take_r):
+            m.d.sync += [resp_pending.eq(1), resp_zero.eq(r_bad_space | r_bad_addr)]
+            with m.If(r_bad_space):
+                m.d.comb += access_set.eq(ErrorCode.ILLEGAL_FIELD)
+            with m.Elif(r_bad_addr):
+                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
+            with m.Else():
+                m.d.comb += host_rd_en.eq(1)
+        m.d.comb += [host_rd_addr.eq(r.addr), host_rd_space.eq(r.space)]
+        with m.If(resp_pending):
+            m.d.sync += [resp_pending.eq(0), resp_valid.eq(1),
+                         resp_data.eq(Mux(resp_zero, 0, rd_data.as_value()))]
+        with m.If(self.vec_r_resp.valid & self.vec_r_resp.ready):
+            m.d.sync += resp_valid.eq(0)
+        m.d.comb += [self.vec_r_resp.valid.eq(resp_valid),
+                     self.vec_r_resp.payload.eq(resp_data)]
+
+        # MRF words, weight rows and read-back go to the MVM after a range check.
+        mw, wr, mr = self.mrf_w.payload, self.w_rows.payload, self.mrf_r_req.payload
+
+        def mrf_bad(p):
+            return (p.engine >= c.tiles) | (p.slot >= c.mrf_depth)
+
+        mw_bad = mrf_bad(mw)
+        mw_bad_word = mw.block.exponent > MAX_EXPONENT_CODE
+        wr_bad = mrf_bad(wr)
+        wr_bad_word = wr.static & (wr.static_exponent > MAX_EXPONENT_CODE)
+        m.d.comb += [
+            mvm.mrf_w.payload.eq(mw),
+            mvm.mrf_w.valid.eq(self.mrf_w.valid & host_ok & ~mw_bad & ~mw_bad_word),
+            self.mrf_w.ready.eq(host_ok & (mvm.mrf_w.ready | mw_bad | mw_bad_word)),
+            mvm.w_stream.payload.eq(wr),
+            mvm.w_stream.valid.eq(self.w_rows.valid & host_ok & ~wr_bad & ~wr_bad_word),
+            self.w_rows.ready.eq(host_ok & (mvm.w_stream.ready | wr_bad | wr_bad_word)),
+        ]
+        with m.If(self.mrf_w.valid & host_ok):
+            with m.If(mw_bad):
+                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
+            with m.Elif(mw_bad_word):
+                m.d.comb += access_set.eq(ErrorCode.MRF_WORD)
+        with m.If(self.w_rows.valid & host_ok):
+            with m.If(wr_bad):
+                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
+            with m.Elif(wr_bad_word):
+                m.d.comb += access_set.eq(ErrorCode.MRF_WORD)
+        # Read-back: a refused request is answered with an all-zero word here.
+        mr_bad = mrf_bad(mr)
+        zero_resp = Signal()
+        m.d.comb += [
+            mvm.mrf_r_req.payload.eq(mr),
+            mvm.mrf_r_req.valid.eq(self.mrf_r_req.valid & host_ok & ~mr_bad & ~zero_resp),
+            self.mrf_r_req.ready.eq(host_ok & ~zero_resp & (mvm.mrf_r_req.ready | mr_bad)),
+            self.mrf_r_resp.valid.eq(mvm.mrf_r_resp.valid | zero_resp),
+            self.mrf_r_resp.payload.eq(Mux(zero_resp, 0, mvm.mrf_r_resp.payload.as_value())),
+            mvm.mrf_r_resp.ready.eq(self.mrf_r_resp.ready & ~zero_resp),
+        ]
+        with m.If(self.mrf_r_req.valid & self.mrf_r_req.ready & mr_bad):
+            m.d.sync += zero_resp.eq(1)
+            m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
+        with m.If(zero_resp & self.mrf_r_resp.ready):
+            m.d.sync += zero_resp.eq(0)
+
+        # Program words.
+        pw = self.prog_w.payload
+        m.d.comb += [self.prog_w.ready.eq(host_ok), prog_wp.addr.eq(pw.addr),
+                     prog_wp.data.eq(pw.word)]
+        with m.If(self.prog_w.valid & host_ok):
+            with m.If(pw.addr >= c.program_depth):
+                m.d.comb += access_set.eq(ErrorCode.PROGRAM_RANGE)
+            with m.Else():
+                m.d.comb += prog_wp.en.eq(1)
+                with m.If(pw.addr == 0):
+                    m.d.sync += prog_len.eq(1)
+                with m.Elif(pw.addr >= prog_len):
+                    m.d.sync += prog_len.eq(pw.addr + 1)
+
+        # =============================================================================
+        # Front end: fetch, decode, scalar registers, chain parse and check
+        # =============================================================================
+        regs = {}
+        limits = register_limits(c)
+        for reg in Reg:
+            hi = limits[reg][1]
+            init = REG_DEFAULTS[reg]
+            regs[reg] = Signal(range(hi + 1), name=f"reg_{reg.name.lower()}",
+                               init=n if init is None else init)
+
+        pc = Signal(PROGRAM_ADDR_BITS + 1)
+        err_code = Signal(ErrorCode)      # the run's error, set at the end of the run
+        pend_code = Signal(ErrorCode)     # an error found, waiting for the back end
+        pend_index = Signal(PROGRAM_ADDR_BITS + 1)
+        done = Signal()
+        cycles = Signal(32)
+        m.d.comb += [self.error.eq(err_code), self.pc.eq(pend_index), self.done.eq(done),
+                     self.cycles.eq(cycles), self.busy.eq(running)]
+        with m.If(self.error_clear):
+            m.d.sync += err_code.eq(ErrorCode.NONE)
+
+        advance = Signal()                # the instruction at pc is consumed
+        with m.If(advance):
+            m.d.comb += prog_rp.addr.eq(pc + 1)
+        with m.Else():
+            m.d.comb += prog_rp.addr.eq(pc)
+        m.d.comb += [prog_rp.en.eq(1), dec.word.eq(prog_rp.data)]
+        with m.If(advance):
+            m.d.sync += pc.eq(pc + 1)
+
+        # Chain being parsed.
+        at = Signal(PROGRAM_ADDR_BITS + 1)          # index of its v_rd
+        rd_space = Signal(4)
+        rd_op = Signal(_OPERAND_BITS)
+        rd_inc = Signal(_INC_BITS)
+        has_mv = Signal()
+        mv_op = Signal(_OPERAND_BITS)
+        mv_inc = Signal(_INC_BITS)
+        n_ops = Signal(range(4 * c.mfus + 2))
+        cur_m = Signal(range(c.mfus))
+        used = [Signal(4, name=f"alloc_used{k}") for k in range(c.mfus)]
+        slots = [Signal(3, name=f"alloc_slots{k}") for k in range(c.mfus)]
+        alloc_fail = Signal()
+        unbuilt = Signal()
+        unbuilt_at = Signal(PROGRAM_ADDR_BITS + 1)
+        mcfg_regs = Signal(data.ArrayLayout(mfu_layout(mcfg), c.mfus))
+        vv_used = Signal(vrfs)
+        vv_op = [Signal(_OPERAND_BITS, name=f"vv_op{k}") for k in range(vrfs)]
+        vv_inc = [Signal(_INC_BITS, name=f"vv_inc{k}") for k in range(vrfs)]
+        n_wr = Signal(range(MAX_WRITES + 1))
+        w_space = [Signal(4, name=f"w_space{k}") for k in range(MAX_WRITES)]
+        w_op = [Signal(_OPERAND_BITS, name=f"w_op{k}") for k in range(MAX_WRITES)]
+        w_inc = [Signal(_INC_BITS, name=f"w_inc{k}") for k in range(MAX_WRITES)]
+        w_at = [Signal(PROGRAM_ADDR_BITS + 1, name=f"w_at{k}") for k in range(MAX_WRITES)]
+
+        # The chain's derived sizes (from the registers, valid from CHECK on).
+        rows, cols = regs[Reg.ROWS], regs[Reg.COLS]
+        iters = regs[Reg.ITERATIONS]
+        length = Signal(mcfg.length_bits)
+        lanes_last = Signal(mcfg.lanes_bits)
+        pix = Signal(_count_bits(c))
+        lanes_cols = Signal(bits_for(n))
+        m.d.comb += [
+            length.eq(((rows - 1) >> log2n) + 1),
+            lanes_last.eq(rows - ((length - 1) << log2n)),
+            pix.eq(((cols - 1) >> log2n) + 1),
+            lanes_cols.eq(cols - ((pix - 1) << log2n)),
+        ]
+        win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
+        # The two window products are registered: they only read the scalar registers,
+        # which s_wr writes outside chains, at least three cycles (v_rd, v_wr, end_chain)
+        # before CHECK reads them. Combinational, they put two multipliers in front of the
+        # plan checks' own (24.8 MHz on the ULX3S, docs/link-hw.md section 5).
+        cols_t = Signal(3 * 13 + 1)
+        m.d.sync += cols_t.eq(pix * win_w * win_h)
+        window_extent = Signal(64)
+        m.d.sync += window_extent.eq((win_h - 1) * pitch + win_w * pix)
+        groups = Signal(range(c.max_col_tiles + 1))
+        m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
+        last_iter = Signal(_iter_bits(c))
+        m.d.comb += last_iter.eq(iters - 1)
+        c_in = Signal(cols_t.shape())
+        m.d.comb += c_in.eq(Mux(has_mv, cols_t, length))
+        extent = Signal(64)
+        m.d.comb += extent.eq(Mux(has_mv, window_extent, length))
+
+        # Checks of the plan (host.model.core.NpuModel._plan), in its order.
+        e_space = _any([~space_exists(rd_space) & (rd_space != Space.NETQ)]
+                       + [(k < n_wr) & ~space_exists(w_space[k]) & (w_space[k] != Space.NETQ)
+                          for k in range(MAX_WRITES)])
+        e_space_at = Signal(PROGRAM_ADDR_BITS + 1)
+        m.d.comb += e_space_at.eq(at)
+        with m.If(~(~space_exists(rd_space) & (rd_space != Space.NETQ))):
+            for k in reversed(range(MAX_WRITES)):
+                with m.If((k < n_wr) & ~space_exists(w_space[k]) & (w_space[k] != Space.NETQ)):
+                    m.d.comb += e_space_at.eq(w_at[k])
+        e_cols = has_mv & (cols_t > c.max_col_tiles)
+        e_static = has_mv & regs[Reg.Q_STATIC] & (regs[Reg.Q_EXPONENT] > MAX_EXPONENT_CODE)
+        e_mrf = has_mv & (mv_op + last_iter * mv_inc + length * groups > c.mrf_depth)
+        e_under = (rd_space == Space.NETQ) & (iters * c_in > inq_free)
+        n_netq = sum((k < n_wr) & (w_space[k] == Space.NETQ) for k in range(MAX_WRITES))
+        pushes = Signal(40)
+        m.d.comb += pushes.eq(n_netq * length * iters)
+        e_over = pushes > outq_room
+        tops = []
+        tops.append((rd_space != Space.NETQ)
+                    & (rd_op + last_iter * rd_inc + extent > space_depth(rd_space)))
+        for k in range(vrfs):
+            tops.append(vv_used[k] & (vv_op[k] + last_iter * vv_inc[k] + length > c.vrf_depth))
+        for k in range(MAX_WRITES):
+            tops.append((k < n_wr) & (w_space[k] != Space.NETQ)
+                        & (w_op[k] + last_iter * w_inc[k] + length > space_depth(w_space[k])))
+        e_range = _any(tops)
+
+        # Hazard pairs: (kind, a, b); a is a write, b a write before it or a read.
+        ranges = {}
+        for k in range(MAX_WRITES):
+            ranges[("w", k)] = ((k < n_wr) & (w_space[k] != Space.NETQ), w_space[k],
+                                w_op[k], w_inc[k])
+        ranges[("r",)] = (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc)
+        for k in range(vrfs):
+            ranges[("v", k)] = (vv_used[k], Const(_vrf_space(k), 4), vv_op[k], vv_inc[k])
+        pairs = [("ww", ("w", k), ("w", j)) for k in range(MAX_WRITES) for j in range(k)]
+        pairs += [("rw", ("w", k), rd) for k in range(MAX_WRITES)
+                  for rd in [("r",)] + [("v", j) for j in range(vrfs)]]
+        cand = Signal(len(pairs))
+        for i, (_, ka, kb) in enumerate(pairs):
+            va, sa, _, _ = ranges[ka]
+            vb, sb, _, _ = ranges[kb]
+            m.d.comb += cand[i].eq(va & vb & (sa == sb))
+        haz_mask = Signal(len(pairs))
+        hz_d = Signal(signed(40))
+        hz_s = Signal(signed(18))
+        hz_lo = Signal(signed(12))
+        hz_hi = Signal(signed(12))
+        hz_i = Signal(_iter_bits(c))
+        # The lowest pending pair: its difference, step and interval.
+        pick_d = Signal(signed(40))
+        pick_s = Signal(signed(18))
+        pick_ww = Signal()
+        pick_bit = Signal(len(pairs))
+        for i in reversed(range(len(pairs))):
+            kind, ka, kb = pairs[i]
+            _, _, oa, ia = ranges[ka]
+            _, _, ob, ib = ranges[kb]
+            with m.If(haz_mask[i]):
+                m.d.comb += [pick_d.eq(oa - ob), pick_s.eq(ia - ib),
+                             pick_ww.eq(kind == "ww"), pick_bit.eq(1 << i)]
+        pick_lo = Mux(pick_ww, -length, 0)
+        pick_hi = length
+        pick_end = Signal(signed(48))
+        m.d.comb += pick_end.eq(pick_d + last_iter * pick_s)
+        pick_abs = Mux(pick_s < 0, -pick_s, pick_s)
+        pick_max = Mux(pick_end > pick_d, pick_end, pick_d)
+        pick_min = Mux(pick_end > pick_d, pick_d, pick_end)
+        # A step shorter than the interval cannot jump over it: the endpoints decide.
+        pick_short = pick_abs < (pick_hi - pick_lo)
+        pick_hit = (pick_max > pick_lo) & (pick_min < pick_hi)
+
+        # Hand-off register: a checked chain for the issuer.
+        desc_valid = Signal()
+        desc = Signal(_chain_layout(c))
+        desc_take = Signal()
+
+        fe_fail = Signal()
+        fail_code = Signal(ErrorCode)
+        fail_at = Signal(PROGRAM_ADDR_BITS + 1)
+        with m.If(fe_fail):
+            m.d.sync += [pend_code.eq(fail_code), pend_index.eq(fail_at)]
+
+        with m.If(running):
+            m.d.sync += cycles.eq(cycles + 1)
+
+        op = dec.opcode
+        func = dec.func
+        with m.FSM(name="fe"):
+            with m.State("IDLE"):
+                with m.If(self.run):
+                    m.d.sync += [done.eq(0), cycles.eq(1)]
+                    with m.If(err_code != ErrorCode.NONE):
+                        m.d.sync += [done.eq(1), pend_index.eq(0), cycles.eq(0)]
+                    with m.Else():
+                        m.d.sync += [running.eq(1), pc.eq(0)]
+                        for reg in Reg:
+                            m.d.sync += regs[reg].eq(regs[reg].init)
+                        m.d.comb += prog_rp.addr.eq(0)
+                        m.next = "EXEC"
+                with m.Else():
+                    m.d.comb += prog_rp.addr.eq(0)
+            with m.State("EXEC"):
+                with m.If(pc >= prog_len):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
+                                 fail_at.eq(pc)]
+                    m.next = "DRAIN"
+                with m.Elif(dec.error != ErrorCode.NONE):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(dec.error), fail_at.eq(pc)]
+                    m.next = "DRAIN"
+                with m.Elif(op == Opcode.END):
+                    m.d.sync += [pend_code.eq(ErrorCode.NONE), pend_index.eq(pc)]
+                    m.next = "DRAIN"
+                with m.Elif(op == Opcode.S_WR):
+                    with m.Switch(func):
+                        for reg in Reg:
+                            lo, hi = limits[reg]
+                            with m.Case(reg.value):
+                                with m.If((dec.operand < lo) | (dec.operand > hi)):
+                                    m.d.comb += [fe_fail.eq(1),
+                                                 fail_code.eq(ErrorCode.REGISTER_VALUE),
+                                                 fail_at.eq(pc)]
+                                    m.next = "DRAIN"
+                                with m.Else():
+                                    m.d.sync += regs[reg].eq(dec.operand)
+                                    m.d.comb += advance.eq(1)
+                with m.Elif(op == Opcode.V_RD):
+                    m.d.comb += advance.eq(1)
+                    m.d.sync += [
+                        at.eq(pc), rd_space.eq(dec.space), rd_op.eq(dec.operand),
+                        rd_inc.eq(dec.inc), has_mv.eq(0), n_ops.eq(0), cur_m.eq(0),
+                        alloc_fail.eq(0), unbuilt.eq(0), vv_used.eq(0), n_wr.eq(0),
+                        mcfg_regs.eq(0),
+                    ]
+                    m.d.sync += [u.eq(0) for u in used] + [s.eq(0) for s in slots]
+                    m.next = "CHAIN"
+                with m.Else():
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.CHAIN_STRUCTURE),
+                                 fail_at.eq(pc)]
+                    m.next = "DRAIN"
+            with m.State("CHAIN"):
+                structure = Signal()
+                with m.If(pc >= prog_len):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
+                                 fail_at.eq(pc)]
+                    m.next = "DRAIN"
+                with m.Elif(dec.error != ErrorCode.NONE):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(dec.error), fail_at.eq(pc)]
+                    m.next = "DRAIN"
+                with m.Elif(op == Opcode.MV_MUL):
+                    with m.If(has_mv | (n_ops != 0) | (n_wr != 0)):
+                        m.d.comb += structure.eq(1)
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        m.d.sync += [has_mv.eq(1), mv_op.eq(dec.operand), mv_inc.eq(dec.inc)]
+                with m.Elif((op == Opcode.VV) | (op == Opcode.V_UNARY)
+                            | (op == Opcode.V_REDUCE)):
+                    with m.If(n_wr != 0):
+                        m.d.comb += structure.eq(1)
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        m.d.sync += n_ops.eq(n_ops + 1)
+                        self._allocate(m, c, dec, pc, cur_m, used, slots, alloc_fail,
+                                       unbuilt, unbuilt_at, mcfg_regs, vv_used, vv_op,
+                                       vv_inc)
+                with m.Elif(op == Opcode.V_WR):
+                    with m.If(n_wr == MAX_WRITES):
+                        m.d.comb += structure.eq(1)
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        m.d.sync += n_wr.eq(n_wr + 1)
+                        for k in range(MAX_WRITES):
+                            with m.If(n_wr == k):
+                                m.d.sync += [w_space[k].eq(dec.space), w_op[k].eq(dec.operand),
+                                             w_inc[k].eq(dec.inc), w_at[k].eq(pc)]
+                with m.Elif(op == Opcode.END_CHAIN):
+                    with m.If(n_wr == 0):
+                        m.d.comb += structure.eq(1)
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        m.next = "CHECK"
+                with m.Else():
+                    m.d.comb += structure.eq(1)
+                with m.If(structure):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.CHAIN_STRUCTURE),
+                                 fail_at.eq(pc)]
+                    m.next = "DRAIN"
+            with m.State("CHECK"):
+                checks = [
+                    (unbuilt, ErrorCode.ILLEGAL_OPCODE, unbuilt_at),
+                    (alloc_fail, ErrorCode.CHAIN_STRUCTURE, at),
+                    (e_space, ErrorCode.ILLEGAL_FIELD, e_space_at),
+                    (e_cols, ErrorCode.SIZE_RANGE, at),
+                    (e_static, ErrorCode.REGISTER_VALUE, at + 1),
+                    (e_mrf, ErrorCode.ADDRESS_RANGE, at + 1),
+                    (e_under, ErrorCode.QUEUE_UNDERFLOW, at),
+                    (e_over, ErrorCode.QUEUE_OVERFLOW, at),
+                    (e_range, ErrorCode.ADDRESS_RANGE, at),
+                ]
+                with m.If(checks[0][0]):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(checks[0][1]),
+                                 fail_at.eq(checks[0][2])]
+                    m.next = "DRAIN"
+                for cond, code, index in checks[1:]:
+                    with m.Elif(cond):
+                        m.d.comb += [fe_fail.eq(1), fail_code.eq(code), fail_at.eq(index)]
+                        m.next = "DRAIN"
+                with m.Else():
+                    m.d.sync += haz_mask.eq(cand)
+                    m.next = "HAZARD_PICK"
+            with m.State("HAZARD_PICK"):
+                with m.If(haz_mask == 0):
+                    m.next = "HANDOFF"
+                with m.Elif(pick_short):
+                    m.d.sync += haz_mask.eq(haz_mask & ~pick_bit)
+                    with m.If(pick_hit):
+                        m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
+                                     fail_at.eq(at)]
+                        m.next = "DRAIN"
+                with m.Else():
+                    m.d.sync += [haz_mask.eq(haz_mask & ~pick_bit), hz_d.eq(pick_d),
+                                 hz_s.eq(pick_s), hz_lo.eq(pick_lo), hz_hi.eq(pick_hi),
+                                 hz_i.eq(0)]
+                    m.next = "HAZARD_STEP"
+            with m.State("HAZARD_STEP"):
+                # The step is at least the interval: walk the iterations until the
+                # difference reaches or passes the interval.
+                with m.If((hz_d > hz_lo) & (hz_d < hz_hi)):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
+                                 fail_at.eq(at)]
+                    m.next = "DRAIN"
+                with m.Elif((hz_i == last_iter) | ((hz_s > 0) & (hz_d >= hz_hi))
+                            | ((hz_s < 0) & (hz_d <= hz_lo))):
+                    m.next = "HAZARD_PICK"
+                with m.Else():
+                    m.d.sync += [hz_d.eq(hz_d + hz_s), hz_i.eq(hz_i + 1)]
+            with m.State("HANDOFF"):
+                with m.If(~desc_valid):
+                    m.d.sync += desc_valid.eq(1)
+                    with m.If(rd_space == Space.NETQ):
+                        m.d.comb += inq_claim.eq(iters * c_in)
+                    m.d.comb += outq_claim.eq(pushes)
+                    m.d.sync += [
+                        desc.rd_space.eq(rd_space), desc.rd_addr.eq(rd_op),
+                        desc.rd_inc.eq(rd_inc), desc.has_mv.eq(has_mv),
+                        desc.mv_slot.eq(mv_op), desc.mv_inc.eq(mv_inc),
+                        desc.pix.eq(Mux(has_mv, pix, length)),
+                        desc.win_w.eq(Mux(has_mv, win_w, 1)),
+                        desc.win_h.eq(Mux(has_mv, win_h, 1)),
+                        desc.pitch.eq(pitch), desc.lanes_cols.eq(lanes_cols),
+                        desc.cols.eq(cols_t), desc.c_in.eq(c_in), desc.extent.eq(extent),
+                        desc.length.eq(length), desc.lanes_last.eq(lanes_last),
+                        desc.iters.eq(iters), desc.rounding.eq(regs[Reg.ROUNDING]),
+                        desc.static.eq(regs[Reg.Q_STATIC]),
+                        desc.q_exponent.eq(regs[Reg.Q_EXPONENT]),
+                        desc.narrow.eq(regs[Reg.NARROW]),
+                        desc.mfu.eq(mcfg_regs), desc.vv_used.eq(vv_used),
+                    ]
+                    for k in range(vrfs):
+                        m.d.sync += desc.vv_inc[k].eq(vv_inc[k])
+                    for k in range(MAX_WRITES):
+                        m.d.sync += [
+                            desc.w_valid[k].eq(k < n_wr), desc.w_space[k].eq(w_space[k]),
+                            desc.w_addr[k].eq(w_op[k]), desc.w_inc[k].eq(w_inc[k]),
+                        ]
+                    m.next = "EXEC"
+            with m.State("DRAIN"):
+                with m.If(be_idle & ~desc_valid):
+                    m.d.sync += [running.eq(0), done.eq(1), err_code.eq(pend_code)]
+                    m.next = "IDLE"
+
+        with m.If(desc_take):
+            m.d.sync += desc_valid.eq(0)
+
+        # =============================================================================
+        # Issuer: one instance per iteration, when its reads are clear of the writes of
+        # the instances in flight
+        # =============================================================================
+        cur = Signal(_chain_layout(c))
+        cur_valid = Signal()
+        left = Signal(_iter_bits(c))
+        it_rd = Signal(a_bits)
+        it_mv = Signal(TileEngine.slot_bits(c.mvm))
+        it_vv = [Signal(mcfg.addr_bits, name=f"it_vv{k}") for k in range(vrfs)]
+        it_wr = [Signal(a_bits, name=f"it_wr{k}") for k in range(MAX_WRITES)]
+
+        def vv_base(chain, k):
+            f = chain.mfu[k // 2]
+            return f.addsub_addr if k % 2 == 0 else f.mul_addr
+
+        m.d.comb += desc_take.eq(desc_valid & ~cur_valid)
+        with m.If(desc_take):
+            m.d.sync += [cur.eq(desc), cur_valid.eq(1), left.eq(desc.iters),
+                         it_rd.eq(desc.rd_addr), it_mv.eq(desc.mv_slot)]
+            m.d.sync += [it_vv[k].eq(vv_base(desc, k)) for k in range(vrfs)]
+            m.d.sync += [it_wr[k].eq(desc.w_addr[k]) for k in range(MAX_WRITES)]
+
+        # In-flight instances: their write ranges (scoreboard), oldest first.
+        sb_valid = Signal(IN_FLIGHT)
+        sb_head = Signal(range(IN_FLIGHT))
+        sb_tail = Signal(range(IN_FLIGHT))
+        sb = [[(Signal(4, name=f"sb{e}_space{k}"), Signal(a_bits + 1, name=f"sb{e}_lo{k}"),
+                Signal(a_bits + 1, name=f"sb{e}_hi{k}"), Signal(name=f"sb{e}_on{k}"))
+               for k in range(MAX_WRITES)] for e in range(IN_FLIGHT)]
+        reads = [((cur.rd_space != Space.NETQ), _raw(cur.rd_space), it_rd, it_rd + cur.extent)]
+        for k in range(vrfs):
+            reads.append((cur.vv_used[k], Const(_vrf_space(k), 4), it_vv[k],
+                          it_vv[k] + cur.length))
+        conflict = _any(
+            sb_valid[e] & on & rv & (s == rs) & (lo < rhi) & (rlo < hi)
+            for e in range(IN_FLIGHT) for (s, lo, hi, on) in sb[e]
+            for (rv, rs, rlo, rhi) in reads)
+        retire = Signal()
+        sb_full = sb_valid.all()
+
+        m.submodules.reader_q = rq = fifo.SyncFIFOBuffered(
+            width=_reader_layout(c).size, depth=IN_FLIGHT)
+        m.submodules.feeder_q = fq = fifo.SyncFIFOBuffered(
+            width=_feeder_layout(c).size, depth=IN_FLIGHT)
+        m.submodules.writer_q = wq = fifo.SyncFIFOBuffered(
+            width=_writer_layout(c).size, depth=IN_FLIGHT)
+        m.submodules.mvm_q = cq = fifo.SyncFIFOBuffered(
+            width=command_layout(c.mvm).size, depth=IN_FLIGHT)
+        rq_w = data.View(_reader_layout(c), rq.w_data)
+        fq_w = data.View(_feeder_layout(c), fq.w_data)
+        wq_w = data.View(_writer_layout(c), wq.w_data)
+        cq_w = data.View(command_layout(c.mvm), cq.w_data)
+
+        issue = Signal()
+        m.d.comb += issue.eq(cur_valid & ~conflict & ~sb_full & rq.w_rdy & fq.w_rdy
+                             & wq.w_rdy & cq.w_rdy)
+        m.d.comb += [
+            rq.w_en.eq(issue), fq.w_en.eq(issue), wq.w_en.eq(issue),
+            cq.w_en.eq(issue & cur.has_mv),
+            rq_w.space.eq(cur.rd_space), rq_w.base.eq(it_rd), rq_w.pix.eq(cur.pix),
+            rq_w.win_w.eq(cur.win_w), rq_w.win_h.eq(cur.win_h), rq_w.pitch.eq(cur.pitch),
+            rq_w.lanes_cols.eq(cur.lanes_cols), rq_w.to_mvm.eq(cur.has_mv),
+            cq_w.base.eq(it_mv), cq_w.row_tiles.eq(cur.length), cq_w.col_tiles.eq(cur.cols),
+            cq_w.rounding.eq(cur.rounding), cq_w.static.eq(cur.static),
+            cq_w.static_exponent.eq(cur.q_exponent), cq_w.narrow_width.eq(cur.narrow),
+            fq_w.to_mvm.eq(cur.has_mv), fq_w.chain.length.eq(cur.length),
+            fq_w.chain.lanes_last.eq(cur.lanes_last),
+            wq_w.length.eq(cur.length), wq_w.valid.eq(cur.w_valid),
+        ]
+        for k in range(c.mfus):
+            src = cur.mfu[k]
+            dst = fq_w.chain.mfu[k]
+            m.d.comb += [dst.order.eq(src.order), dst.addsub_op.eq(src.addsub_op),
+                         dst.act_op.eq(src.act_op), dst.reduce_op.eq(src.reduce_op),
+                         dst.addsub_addr.eq(it_vv[2 * k]), dst.mul_addr.eq(it_vv[2 * k + 1])]
+        for k in range(MAX_WRITES):
+            m.d.comb += [wq_w.space[k].eq(cur.w_space[k]), wq_w.addr[k].eq(it_wr[k])]
+        with m.If(issue):
+            m.d.sync += [it_rd.eq(it_rd + cur.rd_inc), it_mv.eq(it_mv + cur.mv_inc),
+                         left.eq(left - 1)]
+            m.d.sync += [it_vv[k].eq(it_vv[k] + cur.vv_inc[k]) for k in range(vrfs)]
+            m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
+            with m.If(left == 1):
+                m.d.sync += cur_valid.eq(0)
+            for e in range(IN_FLIGHT):
+                with m.If(sb_tail == e):
+                    for k, (s, lo, hi, on) in enumerate(sb[e]):
+                        m.d.sync += [s.eq(cur.w_space[k]), lo.eq(it_wr[k]),
+                                     hi.eq(it_wr[k] + cur.length),
+                                     on.eq(cur.w_valid[k] & (cur.w_space[k] != Space.NETQ))]
+            m.d.sync += sb_tail.eq(Mux(sb_tail == IN_FLIGHT - 1, 0, sb_tail + 1))
+        set_bits = Signal(IN_FLIGHT)
+        clr_bits = Signal(IN_FLIGHT)
+        for e in range(IN_FLIGHT):
+            m.d.comb += [set_bits[e].eq(issue & (sb_tail == e)),
+                         clr_bits[e].eq(retire & (sb_head == e))]
+        m.d.sync += sb_valid.eq((sb_valid & ~clr_bits) | set_bits)
+        with m.If(retire):
+            m.d.sync += sb_head.eq(Mux(sb_head == IN_FLIGHT - 1, 0, sb_head + 1))
+
+        m.d.comb += be_idle.eq(~cur_valid & (sb_valid == 0) & ~mvm.busy & ~mfu.busy)
+
+        # MVM commands.
+        m.d.comb += [mvm.cmd.valid.eq(cq.r_rdy), mvm.cmd.payload.eq(cq.r_data),
+                     cq.r_en.eq(mvm.cmd.ready)]
+
+        # =============================================================================
+        # Reader: the source vectors of each instance (input queue or a vector memory),
+        # window by window, into the MVM's buffer or the direct buffer
+        # =============================================================================
+        rq_r = data.View(_reader_layout(c), rq.r_data)
+        # Two buffers, so that the vectors of a chain without a product, waiting for the
+        # MFU pipeline to take their chain, do not hold back the next product's input:
+        # the MVM's is small, the direct one holds two whole chains (config.direct_depth).
+        m.submodules.mvm_buf = mb = fifo.SyncFIFOBuffered(width=vec.size, depth=4)
+        m.submodules.direct_buf = db = fifo.SyncFIFOBuffered(width=vec.size,
+                                                             depth=c.direct_depth)
+        r_on = Signal()
+        r_k = Signal(_count_bits(c))
+        r_x = Signal(_count_bits(c))
+        r_y = Signal(_count_bits(c))
+        r_row = Signal(a_bits + _pitch_bits(c))
+        r_pixel = Signal(a_bits + _pitch_bits(c))
+        r_cfg = Signal(_reader_layout(c))
+        p_valid = Signal()            # a vector arrives in the buffer next cycle
+        p_netq = Signal()
+        p_mask = Signal()
+        p_to_mvm = Signal()
+        p_lanes = Signal(bits_for(n))
+        p_q = Signal(vec)
+        # A vector read last cycle is written this cycle: count it in its buffer.
+        room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < mb.depth - 1,
+                   db.level + (p_valid & ~p_to_mvm) < db.depth - 1)
+        is_netq = r_cfg.space == Space.NETQ
+        step = Signal()
+        m.d.comb += step.eq(r_on & room & (~is_netq | inq.r_rdy))
+        with m.If(~r_on & rq.r_rdy):
+            m.d.comb += rq.r_en.eq(1)
+            m.d.sync += [r_on.eq(1), r_cfg.eq(rq_r), r_k.eq(0), r_x.eq(0), r_y.eq(0),
+                         r_row.eq(rq_r.base), r_pixel.eq(rq_r.base)]
+        m.d.comb += inq.r_en.eq(step & is_netq)
+        m.d.sync += [p_valid.eq(step), p_netq.eq(is_netq), p_to_mvm.eq(r_cfg.to_mvm),
+                     p_mask.eq(r_cfg.to_mvm & (r_k == r_cfg.pix - 1)),
+                     p_lanes.eq(r_cfg.lanes_cols), p_q.eq(inq.r_data)]
+        with m.If(step & ~is_netq):
+            m.d.comb += [rd_addr.eq(r_pixel + r_k), rd_en.eq(1)]
+            m.d.sync += rd_space_q.eq(r_cfg.space)
+        with m.If(step):
+            with m.If(r_k != r_cfg.pix - 1):
+                m.d.sync += r_k.eq(r_k + 1)
+            with m.Else():
+                m.d.sync += r_k.eq(0)
+                with m.If(r_x != r_cfg.win_w - 1):
+                    m.d.sync += [r_x.eq(r_x + 1), r_pixel.eq(r_pixel + r_cfg.pix)]
+                with m.Else():
+                    m.d.sync += [r_x.eq(0), r_row.eq(r_row + r_cfg.pitch),
+                                 r_pixel.eq(r_row + r_cfg.pitch)]
+                    with m.If(r_y != r_cfg.win_h - 1):
+                        m.d.sync += r_y.eq(r_y + 1)
+                    with m.Else():
+                        m.d.sync += r_on.eq(0)
+        # Lanes past COLS in each pixel's last vector do not enter the MVM.
+        p_data = Signal(vec)
+        p_vec = Signal(vec)
+        m.d.comb += p_data.eq(Mux(p_netq, p_q.as_value(), rd_data.as_value()))
+        for i in range(n):
+            m.d.comb += p_vec[i].eq(Mux(p_mask & (p_lanes <= i), 0, p_data[i]))
+        m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
+                     db.w_data.eq(p_vec), db.w_en.eq(p_valid & ~p_to_mvm)]
+
+        # Host memory access shares the ports while no program runs.
+        with m.If(~running):
+            m.d.comb += [rd_addr.eq(host_rd_addr), rd_en.eq(host_rd_en)]
+            with m.If(host_rd_en):
+                m.d.sync += rd_space_q.eq(host_rd_space)
+            m.d.comb += [wr_addr.eq(w.addr), wr_data.eq(w.values), wr_space.eq(w.space),
+                         wr_en.eq(host_wr_en)]
+
+        # Source vectors to the MVM.
+        m.d.comb += [mvm.x_stream.payload.eq(mb.r_data), mvm.x_stream.valid.eq(mb.r_rdy),
+                     mb.r_en.eq(mvm.x_stream.ready)]
+
+        # =============================================================================
+        # Feeder: each instance's chain configuration, then its L vectors (MVM results
+        # or source vectors) into the MFU pipeline
+        # =============================================================================
+        fq_r = data.View(_feeder_layout(c), fq.r_data)
+        configured = Signal()
+        f_count = Signal(mcfg.length_bits)
+        m.d.comb += [mfu.chain.valid.eq(fq.r_rdy & ~configured),
+                     mfu.chain.payload.eq(fq_r.chain)]
+        with m.If(mfu.chain.valid & mfu.chain.ready):
+            m.d.sync += [configured.eq(1), f_count.eq(0)]
+        from_mvm = fq_r.to_mvm
+        src_valid = Mux(from_mvm, mvm.y_stream.valid, db.r_rdy)
+        src_data = Mux(from_mvm, mvm.y_stream.payload.as_value(), db.r_data)
+        feeding = configured & fq.r_rdy
+        m.d.comb += [
+            mfu.i_stream.valid.eq(feeding & src_valid),
+            mfu.i_stream.payload.eq(src_data),
+            mvm.y_stream.ready.eq(feeding & from_mvm & mfu.i_stream.ready),
+            db.r_en.eq(feeding & ~from_mvm & mfu.i_stream.ready),
+        ]
+        with m.If(mfu.i_stream.valid & mfu.i_stream.ready):
+            m.d.sync += f_count.eq(f_count + 1)
+            with m.If(f_count == fq_r.chain.length - 1):
+                m.d.comb += fq.r_en.eq(1)
+                m.d.sync += configured.eq(0)
+
+        # =============================================================================
+        # Writer: every result vector to each destination of its chain, in order
+        # =============================================================================
+        wq_r = data.View(_writer_layout(c), wq.r_data)
+        pending = Signal(MAX_WRITES)
+        fresh = Signal(init=1)        # pending not loaded yet for this vector
+        todo = Signal(MAX_WRITES)
+        m.d.comb += todo.eq(Mux(fresh, wq_r.valid, pending))
+        w_index = Signal(mcfg.length_bits)
+        first = Signal(MAX_WRITES)    # lowest bit of todo
+        for k in reversed(range(MAX_WRITES)):
+            with m.If(todo[k]):
+                m.d.comb += first.eq(1 << k)
+        rest = todo & ~first
+        o = mfu.o_stream
+        o_values = data.View(vec, o.payload.values)
+        writing = o.valid & wq.r_rdy
+        with m.If(writing):
+            for k in range(MAX_WRITES):
+                with m.If(first[k]):
+                    with m.If(wq_r.space[k] == Space.NETQ):
+                        m.d.comb += [outq.w_en.eq(1)]
+                    with m.Else():
+                        m.d.comb += [wr_en.eq(1), wr_space.eq(wq_r.space[k]),
+                                     wr_addr.eq(wq_r.addr[k] + w_index), wr_data.eq(o_values)]
+            with m.If(rest == 0):
+                m.d.comb += o.ready.eq(1)
+                m.d.sync += [fresh.eq(1), w_index.eq(w_index + 1)]
+                with m.If(w_index == wq_r.length - 1):
+                    m.d.comb += [retire.eq(1), wq.r_en.eq(1)]
+                    m.d.sync += w_index.eq(0)
+            with m.Else():
+                m.d.sync += [fresh.eq(0), pending.eq(rest)]
+        m.d.comb += outq.w_data.eq(o_values)
+
+    @staticmethod
+    def _allocate(m, c, dec, pc, cur_m, used, slots, alloc_fail, unbuilt, unbuilt_at,
+                  mcfg_regs, vv_used, vv_op, vv_inc):
+        """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle."""
+        op, func = dec.opcode, dec.func
+        unit = Signal(MfuUnit, name="op_unit")
+        with m.If(op == Opcode.VV):
+            m.d.comb += unit.eq(Mux(func == BinaryOp.MUL.value, MfuUnit.MUL, MfuUnit.ADDSUB))
+        with m.Elif(op == Opcode.V_UNARY):
+            m.d.comb += unit.eq(MfuUnit.ACT)
+        with m.Else():
+            m.d.comb += unit.eq(MfuUnit.REDUCE)
+        built = _any(func == u.value for u in c.unary_ops)
+        with m.If((op == Opcode.V_UNARY) & ~built & ~unbuilt):
+            m.d.sync += [unbuilt.eq(1), unbuilt_at.eq(pc)]
+        unit_bit = Signal(4)
+        m.d.comb += unit_bit.eq(1 << unit.as_value())
+        with m.If(~alloc_fail):
+            for k in range(c.mfus):
+                with m.If(cur_m == k):
+                    clash = (used[k] & unit_bit) != 0
+                    target = k + 1 if k + 1 < c.mfus else None
+                    if target is None:
+                        with m.If(clash):
+                            m.d.sync += alloc_fail.eq(1)
+                    place_at = [(k, ~clash)] + ([(target, clash)] if target is not None
+                                                else [])
+                    for t, cond in place_at:
+                        with m.If(cond):
+                            if t != k:
+                                m.d.sync += cur_m.eq(t)
+                            slot = 0 if t != k else slots[k]
+                            entry = mcfg_regs[t]
+                            for s in range(4):
+                                if t != k:
+                                    if s == 0:
+                                        m.d.sync += [entry.order[s].unit.eq(unit),
+                                                     entry.order[s].used.eq(1)]
+                                    continue
+                                with m.If(slot == s):
+                                    m.d.sync += [entry.order[s].unit.eq(unit),
+                                                 entry.order[s].used.eq(1)]
+                            m.d.sync += [used[t].eq((used[t] if t == k else 0) | unit_bit),
+                                         slots[t].eq(slot + 1)]
+                            with m.Switch(unit):
+                                with m.Case(MfuUnit.ADDSUB):
+                                    m.d.sync += [entry.addsub_op.eq(func),
+                                                 entry.addsub_addr.eq(dec.operand),
+                                                 vv_used[2 * t].eq(1),
+                                                 vv_op[2 * t].eq(dec.operand),
+                                                 vv_inc[2 * t].eq(dec.inc)]
+                                with m.Case(MfuUnit.MUL):
+                                    m.d.sync += [entry.mul_addr.eq(dec.operand),
+                                                 vv_used[2 * t + 1].eq(1),
+                                                 vv_op[2 * t + 1].eq(dec.operand),
+                                                 vv_inc[2 * t + 1].eq(dec.inc)]
+                                with m.Case(MfuUnit.ACT):
+                                    m.d.sync += entry.act_op.eq(func)
+                                with m.Case(MfuUnit.REDUCE):
+                                    m.d.sync += entry.reduce_op.eq(func)
+
