@@ -12,7 +12,7 @@
   in process and through a pseudo-terminal serial link (the model's execution dominates
   both), and through the simulated board ("simulated board inferences per second":
   ``sim.board.SimTransport``, link and core Verilated at ``-O1``, the cocotb bridge and
-  the socket; the build shared with ``tests/test_link_hw.py``, built first if it is not
+  the socket; the build shared with ``tests/hw/test_link_hw.py``, built first if it is not
   cached, which is not timed). Timed from the first job to the last result, after the
   image is loaded.
 

@@ -18,7 +18,7 @@ queue. Records (``docs/npu.md`` section 4):
 * ``lstm predicted cycles``: :class:`host.model.core.NpuModel`'s prediction of the same run;
 * ``lstm prediction error``: ``(predicted - cycles) / cycles``, percent;
 * ``npu n8t1 <program> prediction error``: the same for the other programs of
-  :mod:`host.compiler.programs` on the ``n8t1`` build of ``tests/test_npu_hw.py``
+  :mod:`host.compiler.programs` on the ``n8t1`` build of ``tests/hw/test_npu_hw.py``
   (:func:`timing_programs`).
 
 Run time: the Verilator build of the N = 16 core takes about 25 minutes at ``-O0`` on a
@@ -116,7 +116,7 @@ def simulate(cfg: NpuConfig, *, x_len: int, h_len: int, steps: int, seed: int = 
 
 
 def _test_build(name: str) -> NpuConfig:
-    """Build ``name`` of ``tests/test_npu_hw.py``, so that the bench shares its cached
+    """Build ``name`` of ``tests/hw/test_npu_hw.py``, so that the bench shares its cached
     Verilator model (same name, same design)."""
     import importlib.util
     from sim.runner import REPO_ROOT
@@ -130,7 +130,7 @@ def _test_build(name: str) -> NpuConfig:
 def timing_programs(build: str = "n8t1", *, x_len: int = 21, h_len: int = 13,
                     seed: int = SEED) -> dict:
     """RTL and predicted cycles of the other :mod:`host.compiler.programs` programs (MLP, LSTM step,
-    GRU step, convolutions, softmax head) on build ``build`` of ``tests/test_npu_hw.py``,
+    GRU step, convolutions, softmax head) on build ``build`` of ``tests/hw/test_npu_hw.py``,
     bit-exact against the model (``sim/test_npu_lstm.py:timing_programs``).
 
     Returns ``{program: {"cycles", "predicted", "chains"}}``.

@@ -48,8 +48,8 @@ SIM_TRUNCATE_CYCLES = 4096
 _SLICE = 256
 _PERIOD_NS = 10
 #: The small board the tests and the bench simulate (N = 8, T = 1, the core bench's
-#: ``n8t1`` memories): ``tests/test_link_hw.py``, the simulated-board LSTM test of
-#: ``tests/test_device.py`` and ``bench.link`` use it, so they share one cached build.
+#: ``n8t1`` memories): ``tests/hw/test_link_hw.py``, the simulated-board LSTM test of
+#: ``tests/runtime/test_device.py`` and ``bench.link`` use it, so they share one cached build.
 SMALL_CONFIG = NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=16, ivrf_depth=64,
                          vrf_depth=32, netq_depth=64, program_depth=512, max_length=4)
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def run_board(config: NpuConfig, *, test_module: str, simulator: str = "verilato
               testcase: str | None = None, extra_env: dict | None = None) -> None:
     """Build (cached) and simulate the simulated board of ``config`` with cocotb tests
     ``test_module``: ``SimBoard(config, truncate_cycles=SIM_TRUNCATE_CYCLES)`` named
-    :func:`board_name`, so the transport and the link bench (``tests/test_link_hw.py``)
+    :func:`board_name`, so the transport and the link bench (``tests/hw/test_link_hw.py``)
     share one build per configuration and simulator. Verilator builds at ``-O1``
     (:data:`FAST_BUILD_FLAGS`) unless ``MAKEFLAGS`` already sets ``OPT_FAST``.
 

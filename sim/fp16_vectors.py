@@ -1,6 +1,6 @@
 """Test vectors for the FP16 element-wise arithmetic (``host.numerics.fp16``, ``hw.arith.fp16_arith``).
 
-Shared by the model tests (``tests/test_fp16_model.py``) and the cocotb bench
+Shared by the model tests (``tests/numerics/test_fp16_model.py``) and the cocotb bench
 (``sim/test_fp16_arith.py``), so that both read TestFloat the same way and draw from the
 same stimulus:
 

@@ -1,4 +1,4 @@
-"""cocotb bench of ``tests/test_dsp_hw.py::PairProduct``: two products on one MULT18X18D.
+"""cocotb bench of ``tests/hw/test_dsp_hw.py::PairProduct``: two products on one MULT18X18D.
 
 ``hw.arith.dsp.registered_product_pair`` packs ``b1`` and ``b2`` into one DSP operand and
 unpacks ``a*b1`` and ``a*b2`` from one product (``docs/dsp.md``). The bench offers every

@@ -1,4 +1,4 @@
-"""cocotb bench for :class:`hw.arith.fp16_arith.Fp16Binary` (``tests/test_fp16_arith_hw.py``).
+"""cocotb bench for :class:`hw.arith.fp16_arith.Fp16Binary` (``tests/hw/test_fp16_arith_hw.py``).
 
 Every vector carries one operation for all its lanes; vectors of different operations
 are interleaved, so the run-time operation switch is exercised all the time. Every

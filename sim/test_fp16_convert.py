@@ -1,4 +1,4 @@
-"""cocotb bench for :class:`hw.mvm.convert.FixedToFp16` (``tests/test_fp16_convert_hw.py``).
+"""cocotb bench for :class:`hw.mvm.convert.FixedToFp16` (``tests/hw/test_fp16_convert_hw.py``).
 
 The whole lane array is driven as one packed integer per transfer and every output is
 compared, in order, with a reference:

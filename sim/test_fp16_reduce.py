@@ -1,4 +1,4 @@
-"""cocotb bench for :class:`hw.arith.fp16_reduce.Fp16Reduce` (``tests/test_fp16_reduce_hw.py``).
+"""cocotb bench for :class:`hw.arith.fp16_reduce.Fp16Reduce` (``tests/hw/test_fp16_reduce_hw.py``).
 
 Logical vectors go in as native vectors; every output vector (every lane and ``last``)
 and the event totals are checked against :func:`host.numerics.reduction.reduce_vectors_bits`.

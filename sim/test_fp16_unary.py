@@ -16,7 +16,7 @@ The per-cycle cocotb overhead is what costs time, so the driver writes one packe
 per vector, the monitor keeps one integer per output, and packing, unpacking and the model
 run on whole NumPy batches.
 
-Parameters come from the environment (set by ``tests/test_fp16_unary_hw.py``):
+Parameters come from the environment (set by ``tests/hw/test_fp16_unary_hw.py``):
 
 ``UN_LANES``
     The build's ``lanes`` (default 16).

@@ -17,7 +17,7 @@ fuzz's run time).
 
 Parameters (environment): ``LINK_CONFIG`` (JSON ``NpuConfig`` fields), ``LINK_TRUNCATE``
 (the board's truncation timeout in cycles), ``LINK_FUZZ`` and ``LINK_SEED`` (frames and
-seed of the fuzz). ``tests/test_link_hw.py`` says what the regression runs.
+seed of the fuzz). ``tests/hw/test_link_hw.py`` says what the regression runs.
 """
 
 from __future__ import annotations

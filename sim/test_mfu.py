@@ -19,7 +19,7 @@ the reference model :func:`host.model.mfu.run_chain` / :class:`host.model.mfu.Mf
 Each runs with and without stalls (random idle cycles on ``chain``, ``i_stream`` and
 ``vrf_w``, random back-pressure on ``o_stream``) where it says ``stalls``.
 
-Parameters come from the environment (set by ``tests/test_mfu_hw.py``): ``MFU_N``,
+Parameters come from the environment (set by ``tests/hw/test_mfu_hw.py``): ``MFU_N``,
 ``MFU_MFUS``, ``MFU_VRF_DEPTH``, ``MFU_MAX_LENGTH``, ``MFU_COUNTER_BITS``, ``MFU_OPS``
 (comma-separated unary ops, default all) and ``MFU_CHAINS`` (random chains per run).
 """

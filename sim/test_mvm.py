@@ -9,7 +9,7 @@ vector and every counter is compared with the model; the error flag, the MRF con
 The per-cycle Python work is kept small: payloads are packed into one integer per item,
 and all model work is done with NumPy per product.
 
-Parameters come from the environment (set by ``tests/test_mvm_hw.py``): ``MVM_N``,
+Parameters come from the environment (set by ``tests/hw/test_mvm_hw.py``): ``MVM_N``,
 ``MVM_TILES``, ``MVM_MV``, ``MVM_MW``, ``MVM_DEPTH``, ``MVM_MAX_COL_TILES``,
 ``MVM_COUNTER_BITS`` (the build), ``MVM_PRODUCTS`` (random products per stall setting,
 default 60), ``MVM_RESULTS`` (where ``test_tile_independence`` writes its outputs and

@@ -16,7 +16,7 @@ output vector, every word of every vector memory and every counter.
 * ``test_host_errors``: refused host requests: the code, and nothing changed;
 * ``test_random``: ``NPU_CHAINS`` chains of :func:`sim.randprog.random_program`.
 
-Parameters come from the environment (``tests/test_npu_hw.py``): ``NPU_CONFIG`` (JSON of
+Parameters come from the environment (``tests/hw/test_npu_hw.py``): ``NPU_CONFIG`` (JSON of
 ``NpuConfig`` fields), ``NPU_CHAINS``, ``NPU_SEED`` (the random seed; logged). Idle cycles
 on every host source and back-pressure on ``outq`` and the read responses are on where a
 test says ``stalls``.

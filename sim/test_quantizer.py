@@ -10,7 +10,7 @@ The cocotb per-cycle overhead is the cost that matters, so the driver writes a w
 vector as one packed integer per cycle, the monitor keeps each output as one integer, and
 all packing, unpacking and model work is done with NumPy on whole batches.
 
-Parameters come from the environment (set by ``tests/test_quantizer_hw.py``):
+Parameters come from the environment (set by ``tests/hw/test_quantizer_hw.py``):
 
 ``VQ_N``, ``VQ_M``
     The build's ``n`` and ``mantissa_bits``.

@@ -1,4 +1,4 @@
-"""cocotb bench for the smoke-test adder (``tests/test_smoke_sim.py::SmokeAdder``).
+"""cocotb bench for the smoke-test adder (``tests/sim/test_smoke_sim.py::SmokeAdder``).
 
 Drives random operands with random input gaps and random output back-pressure and
 checks every output against ``(a + b) mod 2**width``, in order.

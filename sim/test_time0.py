@@ -1,4 +1,4 @@
-"""cocotb bench of ``tests/test_smoke_sim.py::Time0Comb``: its combinational output is
+"""cocotb bench of ``tests/sim/test_smoke_sim.py::Time0Comb``: its combinational output is
 defined (``0b1010``) at time 0, before any clock edge or input change."""
 
 import cocotb

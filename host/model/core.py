@@ -74,7 +74,7 @@ def mvm_latency(config) -> tuple[int, int]:
     after the command. ``back =
     compute_latency + 2``: from the last MRF read to the last output vector.
     ``C + R*G + front + back`` is ``hw.mvm.mvm.latency`` plus ``C + R*G``, which
-    ``tests/test_model.py`` checks.
+    ``tests/model/test_model.py`` checks.
     """
     stages = -(-(config.n.bit_length() - 1) // 2)          # adder tree, 2 levels each
     prefix = (config.tiles - 1).bit_length()               # ceil(log2 T)

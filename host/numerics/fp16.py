@@ -23,7 +23,7 @@ Both are therefore computed *exactly* in ``float64`` (53 bits). NumPy's ``float6
 ``float16`` cast then rounds that exact value once, to nearest with ties to even,
 subnormals and overflow to infinity included (directly, not through ``float32``). The
 claim is not taken on trust:
-``tests/test_fp16_model.py`` checks the model against every Berkeley TestFloat ``f16_add``,
+``tests/numerics/test_fp16_model.py`` checks the model against every Berkeley TestFloat ``f16_add``,
 ``f16_sub`` and ``f16_mul`` vector, against an exact ``fractions.Fraction`` reference and
 against an independent integer implementation on millions of pairs.
 

@@ -474,7 +474,7 @@ def reference_values(op, x_bits) -> np.ndarray:
 def reference_bits(op, x_bits) -> np.ndarray:
     """The function rounded once to FP16 (nearest even) from float64; NaN as ``0x7E00``.
 
-    float64 is close enough to decide every FP16 rounding: ``tests/test_unary_model.py``
+    float64 is close enough to decide every FP16 rounding: ``tests/numerics/test_unary_model.py``
     checks that no reference value lies within ``2**-40`` (relative) of an FP16 rounding
     boundary, far more than the float64 evaluation error (a few units of ``2**-52``).
     """

@@ -15,7 +15,7 @@ design is elaborated for an ECP5 (:func:`has_ecp5_dsp`):
 Any other platform (``None`` in the simulators and the Python simulator) keeps the units'
 registers in the fabric: the simulated designs are the same with or without this module.
 The instance is simulated by the behavioural model in ``sim/models/MULT18X18D.v`` (of the
-configuration used here only); ``tests/test_dsp_hw.py`` runs the units on it
+configuration used here only); ``tests/hw/test_dsp_hw.py`` runs the units on it
 (``docs/dsp.md``).
 """
 

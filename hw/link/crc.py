@@ -7,7 +7,7 @@ a fixed set of register and data bits; :class:`CrcDef` finds those sets once, in
 by running the bit-serial definition on unit vectors, and :func:`CrcDef.step` builds the
 XOR network. One byte per cycle, whatever the clock.
 
-The tests (``tests/test_link_crc.py``) check both definitions against
+The tests (``tests/hw/test_link_crc.py``) check both definitions against
 ``host.spec.protocol.crc16``/``crc32`` (and their catalogue check values) over random data.
 """
 

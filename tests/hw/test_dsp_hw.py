@@ -5,11 +5,11 @@ registers in place of the fabric's operand and product registers.
 Elaborated for the ECP5 (``hw.arith.dsp.ECP5_TARGET``, what ``bench.fpga`` and the ULX3S build
 use), ``Fp16Binary`` and ``Fp16Unary`` instantiate the primitive; the HDL simulators run
 them on the model ``sim/models/MULT18X18D.v`` with the units' own cocotb benches, bit-exact
-against the reference model as the fabric form is (``tests/test_fp16_arith_hw.py``,
-``tests/test_fp16_unary_hw.py``): TestFloat vectors, random pairs and the latency for the
+against the reference model as the fabric form is (``tests/hw/test_fp16_arith_hw.py``,
+``tests/hw/test_fp16_unary_hw.py``): TestFloat vectors, random pairs and the latency for the
 binary unit, every FP16 input of every unary op (Verilator; Icarus a sample), with and
 without stalls; the MVM with some of each dot-product engine's products on DSP blocks
-(``dsp_lanes``) runs the MVM's own bench (``tests/test_mvm_hw.py``). Structural checks:
+(``dsp_lanes``) runs the MVM's own bench (``tests/hw/test_mvm_hw.py``). Structural checks:
 where the instances are and are not, and the operand limits.
 """
 

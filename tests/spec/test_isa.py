@@ -18,7 +18,7 @@ from host.spec.isa import (
 from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "isa.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "isa.md"
 
 
 def all_instructions():
@@ -200,7 +200,7 @@ def test_doc_tables_are_current():
         assert m, f"docs/isa.md has no table:{name} marker"
         assert m.group(1) == table, (
             f"docs/isa.md table {name} is stale; regenerate it with "
-            f"`python tests/test_isa.py`")
+            f"`python tests/spec/test_isa.py`")
 
 
 if __name__ == "__main__":            # rewrite the generated tables of docs/isa.md

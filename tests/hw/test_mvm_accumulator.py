@@ -2,7 +2,7 @@
 sums against Python integers, for shifts over the whole range (below the clamp at
 ``-(dot_bits - 1)``, where a term is the dot product's sign, up to ``max_shift``).
 
-The MVM bench (``tests/test_mvm_hw.py``) checks the accumulator inside the MVM, sums and
+The MVM bench (``tests/hw/test_mvm_hw.py``) checks the accumulator inside the MVM, sums and
 counters, against the reference model; this test drives its ports directly, so that gaps
 in ``valid``, terms of both signs at the largest shifts and row blocks of one group are
 exercised without the rest of the datapath.

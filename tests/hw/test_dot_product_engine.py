@@ -2,7 +2,7 @@
 the shift and the narrow-accumulator count of every block pair against Python integers,
 at the latencies the engine states.
 
-The MVM bench (``tests/test_mvm_hw.py``) checks the engines inside the MVM against the
+The MVM bench (``tests/hw/test_mvm_hw.py``) checks the engines inside the MVM against the
 reference model; this test drives one engine with a new block pair every cycle, so that
 each fit test is seen in the flag stage ``DotProductEngine.flag_plan`` gives it and each
 count arrives exactly ``narrow_latency`` cycles after its blocks, for several N.

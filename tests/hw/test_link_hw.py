@@ -4,7 +4,7 @@ simulator, reply for reply against ``host.runtime.server.ProtocolServer`` over t
 The cocotb bench is ``sim/test_link.py``. One small build (``sim.board.SMALL_CONFIG``:
 N = 8, T = 1, the core bench's ``n8t1`` memories), made by ``sim.board.run_board``: the
 same component, name and configuration as the simulated-board transport of
-``tests/test_device.py``, so the regression compiles the board once per simulator
+``tests/runtime/test_device.py``, so the regression compiles the board once per simulator
 (Verilator at ``-O1``, see ``sim.board.FAST_BUILD_FLAGS``).
 
 What runs where (``RUN``): the Verilated model itself sets the speed (~1,300 cycles/s

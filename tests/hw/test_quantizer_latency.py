@@ -1,6 +1,6 @@
 """``hw.mvm.quantizer.VectorQuantizer``'s stated timing, in Amaranth's simulator: a vector
 taken at an edge is offered ``LATENCY`` edges later, and its counts are in the counters
-one edge after the block leaves (the cocotb bench, ``tests/test_quantizer_hw.py``, checks
+one edge after the block leaves (the cocotb bench, ``tests/hw/test_quantizer_hw.py``, checks
 the values and the counters every cycle; the MVM's cycle formula relies on the latency).
 """
 

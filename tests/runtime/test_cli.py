@@ -21,7 +21,7 @@ from host.model.core import NpuModel
 from host.compiler.programs import mlp_layer, native
 from host.runtime.server import ProtocolServer, PtyServer
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CFG = NpuConfig()                       # what --device model builds
 JOBS, BATCH, X, H = 7, 3, 24, 20
 

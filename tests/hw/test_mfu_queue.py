@@ -3,7 +3,7 @@
 The queue takes an item whenever its source offers one (the MFUs have no back-pressure)
 and must neither lose, duplicate nor reorder items under any pattern of output stalls,
 as long as the source keeps within the queue's room. The MFU pipeline benches
-(``tests/test_mfu_hw.py``) run it under Verilator and Icarus inside the pipeline; this
+(``tests/hw/test_mfu_hw.py``) run it under Verilator and Icarus inside the pipeline; this
 file drives it alone to the edges that a pipeline bench rarely reaches: a ring filled to
 the last entry, a ring of one entry, and the one-cycle pass-through when nothing waits.
 """

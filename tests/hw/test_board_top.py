@@ -4,7 +4,7 @@
 constraints and build script) without running Yosys or nextpnr; what that checks:
 the top is an elaboratable the platform accepts, the serial lines are on the FTDI pins,
 the clock is the board's 25 MHz oscillator, and on the real platform the multipliers are
-the ECP5 form (``hw.arith.dsp``) that the simulations of ``tests/test_dsp_hw.py`` cover.
+the ECP5 form (``hw.arith.dsp``) that the simulations of ``tests/hw/test_dsp_hw.py`` cover.
 """
 
 import pytest
@@ -48,7 +48,7 @@ def test_ulx3s_top_prepares():
 def test_ulx3s_build_leaves_marked_collisions_undefined():
     """``make bitstream`` runs the collision commands of ``hw.ram`` inside ``synth_ecp5``
     (after ``memory_collect``, before ``memory_libmap``), on a design that has marked
-    memories (what the commands do is ``tests/test_fpga_flow.py``'s)."""
+    memories (what the commands do is ``tests/hw/test_fpga_flow.py``'s)."""
     from hw.ram import READ_COLLISION_UNUSED, yosys_collision_commands
     files = _plan(_small_config()).files
     (attr,) = READ_COLLISION_UNUSED

@@ -42,7 +42,7 @@ Ambiguities, and what this file does about them
   -scale_emax -> -scale_emax``). Tested with tiny blocks.
 * All-zero block: log2(0) is undefined, the specification gives no scale. Every element is
   0 whatever X is; only that is tested. (``host.numerics.bfp`` picks code 0x00, the emulator
-  effectively 2^-126: a documented project choice, tested in ``tests/test_bfp.py``.)
+  effectively 2^-126: a documented project choice, tested in ``tests/numerics/test_bfp.py``.)
 * NaN/Inf inputs: the specification makes the scale NaN (0xFF) for element types without
   Inf/NaN encodings; ``host.numerics.bfp`` instead raises by default and follows the device rule
   with ``nonfinite="saturate"``. Not MXINT8 behaviour, so not tested here.

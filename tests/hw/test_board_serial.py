@@ -3,12 +3,12 @@
 The whole board (UART receiver, receive FIFO, link, core, UART transmitter) at the
 smallest build; requests go in as 8N1 bits on ``rx`` and the replies are read off ``tx``
 by a second :class:`hw.link.uart.UartRx` (the UART itself is tested against a line driven
-from Python in ``tests/test_link_uart.py``). Every reply byte must equal what
+from Python in ``tests/hw/test_link_uart.py``). Every reply byte must equal what
 ``host.runtime.server.ProtocolServer`` over the reference model answers to the same bytes, and
 the data read back must be the data written, also after a frame with a bad CRC (a
 rejected request loses nothing). Requests go byte after byte, and again with idle bit
 times between bytes. The message processors themselves are tested in depth on
-``hw.board.board.SimBoard`` (``tests/test_link_hw.py``); this test is about the board's
+``hw.board.board.SimBoard`` (``tests/hw/test_link_hw.py``); this test is about the board's
 serial path around them.
 """
 

@@ -11,7 +11,7 @@ The end-to-end LSTM test (100 sequences streamed) runs on those two and, with th
 (``sim.board.SimTransport``: link and core under Verilator, marked ``sim``; it runs when
 ``--sim`` selects Verilator; 12 keep the regression's longest test short and still fill
 the stream's window of 4 three times over). Its configuration is
-``tests/test_link_hw.py``'s, so both use one cached board build. Icarus (~65 cycles/s on
+``tests/hw/test_link_hw.py``'s, so both use one cached board build. Icarus (~65 cycles/s on
 this board, against ~1,300 for Verilator) would need about 40 minutes for the 100
 sequences, so the simulated board runs on Verilator only.
 """
@@ -264,7 +264,7 @@ def test_stream_bad_input_after_good_jobs(device):
 
 # --- the end-to-end LSTM test -------------------------------------------------------------
 
-#: The link bench's build (``tests/test_link_hw.py``), so the simulated board is built once.
+#: The link bench's build (``tests/hw/test_link_hw.py``), so the simulated board is built once.
 LSTM_CFG = SMALL_CONFIG
 LSTM_X, LSTM_H, LSTM_T, LSTM_JOBS = 12, 10, 3, 100
 LSTM_SIM_JOBS = 12

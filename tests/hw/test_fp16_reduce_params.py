@@ -2,7 +2,7 @@
 """Build parameters of :class:`hw.arith.fp16_reduce.Fp16Reduce`: validation, derived figures,
 layouts, elaboration at the extremes, and the corner builds in Amaranth's simulator.
 
-The HDL-simulator bench (``tests/test_fp16_reduce_hw.py``) covers the 4- and 16-lane
+The HDL-simulator bench (``tests/hw/test_fp16_reduce_hw.py``) covers the 4- and 16-lane
 builds; here Amaranth's own simulator runs the builds with no lane tree (1 lane), no
 vector tree (``max_length`` 1) and both (the extra level of ``lanes = max_length = 1``)
 against :func:`host.numerics.reduction.reduce_vectors_bits`, with random input gaps and output
