@@ -44,7 +44,8 @@ def frame_inputs(x: np.ndarray) -> list[bytes]:
 
 
 def _lstm_jobs_per_second(kind: str, jobs: int = LSTM_JOBS) -> float:
-    from host.runtime.device import Device, NetworkImage
+    from host.compiler.image import program_image
+    from host.runtime.device import Device
     from host.model.core import NpuModel
     from host.compiler.programs import lstm_sequence, native
     from host.runtime.server import ProtocolServer, PtyServer
@@ -60,7 +61,7 @@ def _lstm_jobs_per_second(kind: str, jobs: int = LSTM_JOBS) -> float:
     h0 = c0 = np.zeros(10, np.float16)
     seqs = [native(rng.standard_normal((3, 12)).astype(np.float16), cfg.n)
             for _ in range(jobs)]
-    image = NetworkImage.from_program(lstm_sequence(cfg, w, seqs[0], h0, c0))
+    image = program_image(lstm_sequence(cfg, w, seqs[0], h0, c0))
     board = None
     if kind == "model":
         dev = Device(ModelTransport(NpuModel(cfg)))

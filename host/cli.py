@@ -2,14 +2,17 @@
 
 ::
 
+    npu --version
     npu [--device DEV] [--json] [--timeout S] info
     npu [--device DEV] [--json] counters [--clear]
     npu [--device DEV] [--json] run IMAGE.npz INPUTS.npy -o OUTPUTS.npy [--window W]
                                     [--no-progress]
 
 ``--device`` is ``model`` (the reference model in process, the default),
-``model:KEY=VALUE,...`` (other build parameters) or ``serial:PORT[@BAUD]``; the
-environment variable ``NPU_DEVICE`` sets the default. Results go to stdout (JSON with
+``model:KEY=VALUE,...`` (other build parameters), ``serial:PORT[@BAUD]`` or a kind from
+the transport registry (``sim[:KEY=VALUE,...]``, the simulated board); the environment
+variable ``NPU_DEVICE`` sets the default. ``run`` checks its files (the image, the
+inputs, the output path) before it opens the device, so a bad file runs nothing. Results go to stdout (JSON with
 ``--json``), messages and the progress bar to stderr. Exit status: 0 done, 1 the device
 or the link failed, 2 usage (bad arguments, unreadable or malformed files).
 """
@@ -17,6 +20,7 @@ or the link failed, 2 usage (bad arguments, unreadable or malformed files).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -36,12 +40,12 @@ class _UsageError(Exception):
 def _common(defaults: bool) -> argparse.ArgumentParser:
     """The options every command takes, before or after the command's name. The
     sub-commands' copies default to SUPPRESS, so they only override what was given."""
-    from host.runtime.transport import DEVICE_CHOICES
+    from host.runtime.transport import device_choices
     common = argparse.ArgumentParser(add_help=False)
     keep = {} if defaults else {"default": argparse.SUPPRESS}
     common.add_argument("--device", **({"default": os.environ.get("NPU_DEVICE", "model")}
                                        if defaults else keep),
-                        help=f"one of: {', '.join(DEVICE_CHOICES)} (default: $NPU_DEVICE "
+                        help=f"one of: {device_choices()} (default: $NPU_DEVICE "
                              f"or 'model'); 'sim' is the simulated board (a checkout)")
     common.add_argument("--json", action="store_true", **keep,
                         help="machine-readable output (JSON on stdout)")
@@ -55,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="npu", description="Talk to a BFP NPU: the reference model or a board.",
         epilog="exit status: 0 done, 1 device or link error, 2 usage error",
         parents=[_common(True)])
+    parser.add_argument("--version", action="version", version=_version())
     common = _common(False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("info", parents=[common],
@@ -73,25 +78,74 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_inputs(path: str, n: int) -> np.ndarray:
+def _version() -> str:
+    from host.spec.protocol import PROTOCOL_VERSION
+    try:
+        version = importlib.metadata.version("bfp-npu")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    return f"npu {version}, host protocol version {PROTOCOL_VERSION}"
+
+
+def _load_image(path: str):
+    from host.spec.image import NetworkImage
+    try:
+        return NetworkImage.load(path)
+    except (OSError, ValueError) as exc:
+        raise _UsageError(f"cannot load image: {exc}") from None
+
+
+def _load_inputs(path: str) -> np.ndarray:
+    """The inputs file as an array of FP16 bit patterns ``(jobs, k, n)``; floats are rounded
+    to FP16 (nearest even), and values that overflow to infinity or flush to zero in that
+    rounding are counted in a warning on stderr."""
     try:
         x = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise _UsageError(f"cannot read inputs {path}: {exc}") from None
-    if x.ndim != 3 or x.shape[2] != n or 0 in x.shape:
-        raise _UsageError(f"inputs {path} must have shape (jobs, k, {n}), not {x.shape}")
+    if not isinstance(x, np.ndarray):
+        x.close()
+        raise _UsageError(f"inputs {path} must be one .npy array, not an .npz archive")
     if x.dtype == np.uint16:
         return x
     if x.dtype in (np.float16, np.float32, np.float64):
-        return x.astype(np.float16).view(np.uint16)     # round to nearest, ties to even
+        h = x.astype(np.float16)                        # round to nearest, ties to even
+        overflow = int(np.count_nonzero(np.isinf(h) & np.isfinite(x)))
+        underflow = int(np.count_nonzero((h == 0) & (x != 0)))
+        if overflow or underflow:
+            print(f"npu: warning: inputs {path}: {overflow} values overflow to infinity and "
+                  f"{underflow} flush to zero in the conversion to FP16", file=sys.stderr)
+        return h.view(np.uint16)
     raise _UsageError(f"inputs {path} must be uint16 (FP16 bits) or float, not {x.dtype}")
+
+
+def _check_inputs(x: np.ndarray, path: str, image, n: int) -> None:
+    if x.ndim != 3 or x.shape[2] != n or 0 in x.shape:
+        raise _UsageError(f"inputs {path} must have shape (jobs, k, {n}), not {x.shape}")
+    try:
+        image.check_job(x.shape[1], f"inputs {path} (shape {x.shape}): each job")
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _check_output(path: str) -> None:
+    """Refuse an output path that cannot be written, before anything runs (a file created
+    for the test is removed again)."""
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        raise _UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if not existed:
+        os.unlink(path)
 
 
 def _print(args, data: dict, text: str) -> None:
     print(json.dumps(data) if args.json else text)
 
 
-def _info(dev, args) -> None:
+def _info(dev, args, *_) -> None:
     info = dev.info()
     width = max(map(len, info))
     _print(args, {"device": dev.transport.name, **info},
@@ -100,7 +154,7 @@ def _info(dev, args) -> None:
                         for k, v in info.items()]))
 
 
-def _counters(dev, args) -> None:
+def _counters(dev, args, *_) -> None:
     counters = dev.counters()
     if args.clear:
         dev.clear_counters()
@@ -108,30 +162,39 @@ def _counters(dev, args) -> None:
     _print(args, counters, "\n".join(f"{k:<{width}}  {v}" for k, v in counters.items()))
 
 
-def _run(dev, args) -> None:
-    from host.runtime.device import NetworkImage
-    try:
-        image = NetworkImage.load(args.image)
-    except (OSError, ValueError) as exc:
-        raise _UsageError(f"cannot load image: {exc}") from None
+def _prepare_run(args):
+    """The image and inputs of ``npu run``, checked against each other, and the output path
+    checked writable; nothing has touched the device yet."""
     if args.window < 1 or args.window > 64:
         raise _UsageError(f"--window must be from 1 to 64, not {args.window}")
+    image = _load_image(args.image)
+    x = _load_inputs(args.inputs)
+    n = (image.config or {}).get("n")
+    if n is not None:
+        _check_inputs(x, args.inputs, image, n)
+    _check_output(args.output)
+    return image, x
+
+
+def _run(dev, args, image, x) -> None:
     try:
         image.check_config(dev.config)
     except ValueError as exc:
         raise _UsageError(f"image {args.image} does not fit {dev.transport.name}: {exc}") \
             from None
-    x = _load_inputs(args.inputs, dev.config.n)
+    _check_inputs(x, args.inputs, image, dev.config.n)
     start = time.monotonic()
     dev.load_image(image)
     results = np.empty((len(x), image.outputs, dev.config.n), np.uint16)
     progress = None if args.no_progress or args.json else True
     for i, y in enumerate(dev.stream(x, outputs=image.outputs, window=args.window,
-                                     progress=progress, prologue=image.job_memories)):
+                                     progress=progress, prologue=image.job_memories,
+                                     vectors=image.inputs)):
         results[i] = y
     seconds = time.monotonic() - start
     try:
-        np.save(args.output, results.view(np.float16))
+        with open(args.output, "wb") as f:     # exactly this path (np.save adds .npy)
+            np.save(f, results.view(np.float16))
     except OSError as exc:
         raise _UsageError(f"cannot write {args.output}: {exc}") from None
     summary = {"jobs": len(x), "outputs": args.output, "seconds": round(seconds, 6),
@@ -153,6 +216,13 @@ def main(argv=None) -> int:
     if not args.timeout > 0:
         print(f"npu: error: --timeout must be positive, not {args.timeout}", file=sys.stderr)
         return EXIT_USAGE
+    prepared = ()
+    if args.command == "run":
+        try:
+            prepared = _prepare_run(args)
+        except _UsageError as exc:
+            print(f"npu: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         transport = connect(args.device)
     except ValueError as exc:
@@ -163,7 +233,8 @@ def main(argv=None) -> int:
         return EXIT_DEVICE
     try:
         with Device(transport, timeout=args.timeout) as dev:
-            {"info": _info, "counters": _counters, "run": _run}[args.command](dev, args)
+            {"info": _info, "counters": _counters, "run": _run}[args.command](dev, args,
+                                                                             *prepared)
     except _UsageError as exc:
         print(f"npu: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -98,6 +98,41 @@ def run_board(config: NpuConfig, *, test_module: str, simulator: str = "verilato
             os.environ["MAKEFLAGS"] = saved
 
 
+class _Starting:
+    """What :class:`SimTransport` says while the simulator builds and starts."""
+
+    INTERVAL_S = 10.0
+
+    def __init__(self, config, simulator, log_path, stream):
+        self.stream = sys.stderr if stream is True else stream
+        self.log_path = log_path
+        self.start = self.last = time.monotonic()
+        if self.stream is not None:
+            self._say(f"starting the simulated board ({simulator}, n={config.n}, "
+                      f"tiles={config.tiles}); a first build takes minutes, later starts "
+                      f"reuse it")
+
+    def _say(self, text):
+        self.stream.write(f"sim: {text}\n")
+        self.stream.flush()
+
+    def tick(self):
+        now = time.monotonic()
+        if self.stream is None or now - self.last < self.INTERVAL_S:
+            return
+        self.last = now
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        except OSError:
+            lines = []
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        self._say(f"{now - self.start:.0f} s" + (f": {last[:100]}" if last else ""))
+
+    def done(self):
+        if self.stream is not None:
+            self._say(f"up after {time.monotonic() - self.start:.1f} s")
+
+
 class SimTransport(Transport):
     """The simulated board as a transport (see the module docstring).
 
@@ -120,7 +155,7 @@ class SimTransport(Transport):
     """
 
     def __init__(self, config: NpuConfig | None = None, *, simulator: str = "verilator",
-                 start_timeout: float = 3600.0):
+                 start_timeout: float = 3600.0, progress=None):
         if simulator not in ("verilator", "icarus"):
             raise ValueError(f"simulator must be 'verilator' or 'icarus', not {simulator!r}")
         self.config = config if config is not None else NpuConfig()
@@ -139,9 +174,11 @@ class SimTransport(Transport):
              "--config", self.config.to_json()],
             cwd=_REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._sock = None
+        say = _Starting(self.config, simulator, self._log_path, progress)
         try:
             deadline = time.monotonic() + start_timeout
             while self._sock is None:
+                say.tick()
                 if self._proc.poll() is not None:
                     raise TransportError(f"the simulator exited ({self._proc.returncode}) "
                                          f"before connecting:\n{self._log_tail()}")
@@ -151,6 +188,7 @@ class SimTransport(Transport):
                 ready, _, _ = select.select([listener], [], [], 0.5)
                 if ready:
                     self._sock, _ = listener.accept()
+            say.done()
         except BaseException:
             self._stop()
             raise
@@ -228,7 +266,7 @@ class SimTransport(Transport):
             config = NpuConfig(**fields)
         except TypeError as exc:
             raise ValueError(f"bad sim option: {exc}") from None
-        return cls(config, simulator=simulator)
+        return cls(config, simulator=simulator, progress=True)
 
 
 # --- the simulator side ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""One device API over every transport: :class:`Device`, streaming jobs, network images.
+"""One device API over every transport: :class:`Device`, streaming jobs.
 
 ``Device(transport)`` speaks ``host.spec.protocol`` through a ``host.runtime.transport.Transport`` and
 offers the reference model's interface (``host.model.core.NpuModel``): ``info``, ``write``,
@@ -6,26 +6,26 @@ offers the reference model's interface (``host.model.core.NpuModel``): ``info``,
 ``clear_counters``, ``reset``, ``error``, ``clear_error``. Transfers larger than one
 frame are split into frames and pipelined; refusals raise :class:`DeviceError` saying
 what was refused and why. :meth:`Device.stream` runs many jobs through a loaded network
-with a bounded window of jobs in flight. :class:`NetworkImage` is the file format of a
-compiled network (``.npz``) that ``npu run`` loads. ``docs/protocol.md`` sections 7 to 10.
+with a bounded window of jobs in flight; :meth:`Device.load_image` loads a compiled network
+(``host.spec.image.NetworkImage``). ``docs/protocol.md`` sections 7 to 10.
 """
 
 from __future__ import annotations
 
 import collections
-import json
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from host.spec import protocol as p
 from host.spec.isa import ErrorCode, Space
+from host.runtime.progress import Progress
+from host.spec.formats import check_int
 from host.spec.protocol import FrameError, Opcode, Status
 
-__all__ = ["Device", "DeviceError", "LinkError", "StreamError", "ProgressBar",
-           "NetworkImage", "STATUS_TEXT"]
+__all__ = ["Device", "DeviceError", "LinkError", "StreamError",
+           "STATUS_TEXT"]
 
 #: What each refusal means, for messages.
 STATUS_TEXT = {
@@ -101,44 +101,6 @@ class StreamError(DeviceError):
         self.cause = cause
 
 
-class ProgressBar:
-    """A one-line progress bar on a text stream (stderr by default), tqdm-like.
-
-    Call it as ``progress(done, total)``; ``total`` may be None (count only). Redraws at
-    most ten times a second and always on the last job; :meth:`close` ends the line.
-    """
-
-    def __init__(self, stream=None, width: int = 30, label: str = "jobs"):
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.label = label
-        self._start = time.monotonic()
-        self._last = -1.0
-        self._drawn = False
-
-    def __call__(self, done: int, total: int | None) -> None:
-        now = time.monotonic()
-        if now - self._last < 0.1 and done != total:
-            return
-        self._last = now
-        rate = done / max(now - self._start, 1e-9)
-        if total:
-            filled = self.width * done // total
-            bar = "#" * filled + "." * (self.width - filled)
-            text = f"\r[{bar}] {done}/{total} {self.label} {rate:,.1f}/s"
-        else:
-            text = f"\r{done} {self.label} {rate:,.1f}/s"
-        self.stream.write(text)
-        self.stream.flush()
-        self._drawn = True
-
-    def close(self) -> None:
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._drawn = False
-
-
 @dataclass
 class _Pending:
     tag: int
@@ -170,7 +132,6 @@ class Device:
     """
 
     def __init__(self, transport, *, timeout: float = 10.0, retries: int = 2, window: int = 8):
-        from host.spec.formats import check_int
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, not {timeout!r}")
         self.transport = transport
@@ -507,8 +468,16 @@ class Device:
                  f"{job}PUSH_INPUT of {k} vectors")
                 for s, k in self._chunks(len(raw) // width, per)]
 
+    def _check_job(self, x, vectors: int | None, what: str) -> None:
+        """Refuse a job's input that is not ``(vectors, n)`` native vectors."""
+        shape = np.shape(x)
+        if len(shape) != 2 or shape[1] != self.config.n:
+            raise ValueError(f"{what} must be native vectors of shape (k, {self.config.n}), "
+                             f"not {shape}")
+        if vectors is not None and shape[0] != vectors:
+            raise ValueError(f"{what} has {shape[0]} vectors; each job takes {vectors}")
+
     def _pop_requests(self, count: int, job: str = ""):
-        from host.spec.formats import check_int
         count = check_int("count", count, 1)
         per = (p.MAX_PAYLOAD - 1) // (2 * self.config.n)
         return [(Opcode.POP_OUTPUT, p.pack_pop(k), f"{job}POP_OUTPUT of {k} vectors")
@@ -553,7 +522,7 @@ class Device:
     # --- streaming -----------------------------------------------------------------------
 
     def stream(self, inputs, *, outputs: int, window: int = 4, progress=None,
-               total: int | None = None, prologue=()):
+               total: int | None = None, prologue=(), vectors: int | None = None):
         """Run one job per element of ``inputs`` through the loaded program; yield each
         job's outputs (uint16 ``(outputs, n)``), in order.
 
@@ -573,12 +542,17 @@ class Device:
             link must buffer the requests of ``window`` jobs (the gateware's receive FIFO,
             or flow control).
         progress : callable(done, total), True, or None
-            Called after each job; True draws a :class:`ProgressBar` on stderr.
+            Called after each job; True shows a ``host.runtime.progress.Progress`` on
+            stderr (a bar on a terminal, plain lines elsewhere).
         total : int, optional
             Jobs expected, for the progress display (default ``len(inputs)`` if it has one).
         prologue : sequence of (space, addr, data)
             Memories written before every job: the state each job starts from (an
             LSTM's ``h0`` and ``c0``), so that jobs are independent of each other.
+        vectors : int, optional
+            Input vectors every job must have (a network image's ``inputs``). When
+            ``inputs`` is an array or a list, every job is checked before the first is
+            sent, so a wrong size runs nothing.
 
         Raises
         ------
@@ -588,15 +562,20 @@ class Device:
             later jobs already sent are answered and their replies read first, so the link
             is clean afterwards.
         ValueError
-            for an input of the wrong shape (raised when that job is reached; the jobs
+            for an input of the wrong shape or size: before anything is sent when
+            ``inputs`` is an array or a list, else when that job is reached (the jobs
             before it are delivered).
         """
-        from host.spec.formats import check_int
         check_int("outputs", outputs, 1)
         check_int("window", window, 1, 64)
+        if vectors is not None:
+            check_int("vectors", vectors, 0)
+        if isinstance(inputs, (np.ndarray, list, tuple)):
+            for i, x in enumerate(inputs):
+                self._check_job(x, vectors, f"input of job {i}")
         if total is None and hasattr(inputs, "__len__"):
             total = len(inputs)
-        bar = ProgressBar() if progress is True else None
+        bar = Progress(total) if progress is True else None
         report = bar if bar is not None else progress
         jobs = collections.deque()            # (index, [pending...])
         source = iter(inputs)
@@ -614,6 +593,7 @@ class Device:
                         break
                     label = f"job {sent}: "
                     try:
+                        self._check_job(x, vectors, f"input of job {sent}")
                         reqs = self._push_requests(x, label)
                     except ValueError as exc:
                         bad_input = ValueError(f"input of job {sent}: {exc}")
@@ -671,9 +651,10 @@ class Device:
 
     # --- images --------------------------------------------------------------------------
 
-    def load_image(self, image: "NetworkImage") -> None:
-        """Write an image's memories (``job_memories`` too), then load its program; jobs
-        go through :meth:`stream` with ``prologue=image.job_memories``.
+    def load_image(self, image) -> None:
+        """Write a ``host.spec.image.NetworkImage``'s memories (``job_memories`` too),
+        then load its program; jobs go through :meth:`stream` with
+        ``prologue=image.job_memories`` and ``vectors=image.inputs``.
 
         Raises
         ------
@@ -695,152 +676,3 @@ def _run_result(body: bytes):
                      chains=entries.get("chains", 0),
                      instructions=entries.get("instructions", 0),
                      error=ErrorCode.NONE, pc=entries.get("pc", 0))
-
-
-# --- network images --------------------------------------------------------------------------
-
-IMAGE_FORMAT = "bfp-npu-image"
-IMAGE_VERSION = 1
-
-
-@dataclass
-class NetworkImage:
-    """A compiled network as ``npu run`` loads it: program, memory contents, job shape.
-
-    Attributes
-    ----------
-    program : numpy.ndarray of uint64
-        Instruction words.
-    memories : list of (Space, int, data)
-        ``(space, addr, data)`` written once before the program is loaded: uint16
-        ``(count, n)`` for vector spaces, a list of ints (MRF words) for the MRF.
-    job_memories : list of (Space, int, data)
-        Written again before every job (``Device.stream``'s ``prologue``): the state each
-        job starts from, such as an LSTM's ``h0`` and ``c0``.
-    outputs : int
-        Output vectors each job produces (one input sequence in, ``outputs`` vectors out).
-    config : dict or None
-        Build parameters the program was compiled for (``NpuConfig`` fields; ``unary_ops``
-        as a list of names); :meth:`check_config` compares them with a device's.
-
-    The ``.npz`` file (:meth:`save`, :meth:`load`) holds ``program`` (uint64), ``mem0``,
-    ``mem1``, ... (uint16 ``(count, n)``, or for the MRF uint8 ``(count, k)``: each
-    word's bytes, little-endian) and ``meta``, a JSON string: ``{"format":
-    "bfp-npu-image", "version": 1, "outputs": K, "config": {...} or null, "memories":
-    [{"space": "IVRF", "addr": 0, "every_job": false}, ...]}``, one entry per ``mem<i>``
-    in order: first ``memories``, then ``job_memories``.
-    """
-    program: np.ndarray
-    memories: list = field(default_factory=list)
-    job_memories: list = field(default_factory=list)
-    outputs: int = 1
-    config: dict | None = None
-
-    @classmethod
-    def from_program(cls, program, *, per_job_vectors: bool = True) -> "NetworkImage":
-        """The image of a ``host.compiler.programs.Program``.
-
-        Its matrices become MRF words, quantized by the reference model's weight
-        quantizer (the one the on-chip quantizer equals), covering just the tile slots
-        they occupy. Its vectors (biases, initial state) go to ``job_memories`` with
-        ``per_job_vectors`` (every job starts from the same state), else to
-        ``memories``. ``outputs`` is the program's. Its ``inputs`` are not part of the
-        image: they are the jobs.
-        """
-        import dataclasses
-        from host.model.core import NpuModel
-        cfg = program.config
-        scratch = NpuModel(cfg)
-        memories = []
-        for slot, matrix in program.matrices:
-            rows, cols = scratch.write_weights(slot, matrix)
-            per_slot = cfg.tiles * cfg.n
-            start, count = slot * per_slot, cfg.mvm.slots_needed(rows, cols) * per_slot
-            memories.append((Space.MRF, start, scratch.read(Space.MRF, start, count)))
-        vectors = [(Space(s), int(a), np.asarray(d, np.uint16)) for s, a, d in program.vectors]
-        config = dataclasses.asdict(cfg)
-        config["unary_ops"] = [op.name.lower() for op in cfg.unary_ops]
-        return cls(program=program.words, memories=memories + ([] if per_job_vectors
-                                                                else vectors),
-                   job_memories=vectors if per_job_vectors else [],
-                   outputs=program.outputs, config=config)
-
-    def check_config(self, config) -> None:
-        """Raise ValueError naming the first build parameter that differs from
-        ``config`` (an ``NpuConfig``)."""
-        if self.config is None:
-            return
-        for name, want in self.config.items():
-            have = getattr(config, name, None)
-            if name == "unary_ops":
-                have = [op.name.lower() for op in have]
-            if have != want:
-                raise ValueError(f"the image was built for {name}={want!r}, the device has "
-                                 f"{name}={have!r}")
-
-    def save(self, path) -> None:
-        """Write the ``.npz`` file described in the class docstring."""
-        arrays, entries = {}, []
-        tagged = [(m, False) for m in self.memories] + [(m, True) for m in self.job_memories]
-        for i, ((space, addr, data), every_job) in enumerate(tagged):
-            space = Space(space)
-            if space is Space.MRF:
-                words = [int(w) for w in data]
-                width = max(1, max(w.bit_length() for w in words) + 7 >> 3) if words else 1
-                arrays[f"mem{i}"] = np.array(
-                    [list(w.to_bytes(width, "little")) for w in words], np.uint8)
-            else:
-                arrays[f"mem{i}"] = np.asarray(data, dtype=np.uint16)
-            entries.append({"space": space.name, "addr": int(addr), "every_job": every_job})
-        meta = {"format": IMAGE_FORMAT, "version": IMAGE_VERSION, "outputs": int(self.outputs),
-                "config": self.config, "memories": entries}
-        np.savez(path, program=np.asarray(self.program, dtype=np.uint64),
-                 meta=np.array(json.dumps(meta)), **arrays)
-
-    @classmethod
-    def load(cls, path) -> "NetworkImage":
-        """Read an image file.
-
-        Raises
-        ------
-        ValueError
-            naming what is missing or malformed.
-        OSError
-            when the file cannot be read.
-        """
-        f = np.load(path, allow_pickle=False)
-        if not isinstance(f, np.lib.npyio.NpzFile):
-            raise ValueError(f"{path}: not a network image (an .npz file)")
-        with f:
-            if "meta" not in f or "program" not in f:
-                raise ValueError(f"{path}: not a network image (needs 'program' and 'meta')")
-            try:
-                meta = json.loads(str(f["meta"][()]))
-            except ValueError as exc:
-                raise ValueError(f"{path}: 'meta' is not JSON: {exc}") from None
-            if not isinstance(meta, dict) or meta.get("format") != IMAGE_FORMAT \
-                    or meta.get("version") != IMAGE_VERSION:
-                raise ValueError(f"{path}: not a {IMAGE_FORMAT!r} version {IMAGE_VERSION} "
-                                 f"image")
-            program = f["program"]
-            if program.dtype != np.uint64 or program.ndim != 1:
-                raise ValueError(f"{path}: 'program' must be 1-D uint64, not "
-                                 f"{program.dtype} {program.shape}")
-            once, every = [], []
-            for i, entry in enumerate(meta.get("memories", [])):
-                try:
-                    space = Space[entry["space"]]
-                    addr = int(entry["addr"])
-                    data = f[f"mem{i}"]
-                    every_job = bool(entry.get("every_job", False))
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise ValueError(f"{path}: memory entry {i} is malformed: {exc!r}") from None
-                if space is Space.MRF:
-                    data = [int.from_bytes(row.tobytes(), "little") for row in data]
-                (every if every_job else once).append((space, addr, data))
-            outputs = meta.get("outputs", 1)
-            if isinstance(outputs, bool) or not isinstance(outputs, int) or outputs < 1:
-                raise ValueError(f"{path}: 'outputs' must be a positive integer, not "
-                                 f"{outputs!r}")
-            return cls(program=program, memories=once, job_memories=every, outputs=outputs,
-                       config=meta.get("config"))

@@ -7,25 +7,33 @@ know which one it talks through. ``docs/protocol.md`` section 8.
   ``host.runtime.server.ProtocolServer``; byte for byte the protocol a board speaks.
 * :class:`SerialTransport`: a serial port (pyserial), for a board on USB-UART, or a
   pseudo-terminal whose other end runs a ``ProtocolServer`` (the tests, ``host.runtime.server.PtyServer``).
-* ``sim.board.SimTransport``: the simulated board (``hw.board.board.SimBoard``, link and core
-  under Verilator or Icarus) behind the same byte stream. It lives in the repository's
-  ``sim`` package because ``host`` never imports ``hw`` or ``sim``; :func:`connect`
-  imports it lazily, only for ``"sim"``, and says so clearly when it is not there.
+* more kinds from a registry: :func:`connect` looks a device string's kind up among the
+  built-in kinds (``model``, ``serial``), those added with :func:`register_transport`, and
+  the entry points of group :data:`ENTRY_POINT_GROUP` of the installed packages. The
+  simulated board (``sim.board.SimTransport``: link and core under Verilator or Icarus)
+  registers itself that way from ``sim`` (``pyproject.toml``), so ``host`` never names
+  ``hw`` or ``sim``.
 """
 
 from __future__ import annotations
 
 import abc
+import importlib.metadata
 
 __all__ = ["Transport", "TransportError", "ModelTransport", "SerialTransport", "connect",
-           "DEVICE_CHOICES", "DEFAULT_BAUDRATE"]
+           "DEVICE_CHOICES", "DEFAULT_BAUDRATE", "ENTRY_POINT_GROUP", "register_transport",
+           "transport_kinds", "device_choices"]
 
 #: Baud rate of ``serial:PORT`` without ``@BAUD``.
 DEFAULT_BAUDRATE = 115200
 
-#: What :func:`connect` accepts, for messages and ``--help``.
-DEVICE_CHOICES = ("model", "model:KEY=VALUE,...", "serial:PORT[@BAUD]", "sim",
-                  "sim:KEY=VALUE,...")
+#: Entry-point group through which packages add device kinds: each entry point is named
+#: after its kind and refers to a callable that takes the text after ``KIND:`` and returns
+#: an open :class:`Transport` (raising ValueError for bad options).
+ENTRY_POINT_GROUP = "bfp_npu.transports"
+
+#: What :func:`connect` accepts of the built-in kinds, for messages and ``--help``.
+DEVICE_CHOICES = ("model", "model:KEY=VALUE,...", "serial:PORT[@BAUD]")
 
 
 class TransportError(OSError):
@@ -231,29 +239,61 @@ def _parse_model_options(text: str) -> dict:
     return options
 
 
+_REGISTERED: dict = {}
+
+
+def register_transport(kind: str, factory) -> None:
+    """Add device kind ``kind``: ``connect(f"{kind}:{text}")`` returns ``factory(text)``.
+    A kind registered here takes precedence over an entry point of the same name.
+
+    Raises
+    ------
+    ValueError
+        for a kind that is not an identifier or is built in.
+    """
+    if not isinstance(kind, str) or not kind.isidentifier():
+        raise ValueError(f"kind must be an identifier, not {kind!r}")
+    if kind in ("model", "serial"):
+        raise ValueError(f"kind {kind!r} is built in")
+    _REGISTERED[kind] = factory
+
+
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def transport_kinds() -> tuple[str, ...]:
+    """Every device kind :func:`connect` knows: built in, registered, from entry points."""
+    return ("model", "serial", *sorted(set(_REGISTERED) | set(_entry_points())))
+
+
+def device_choices() -> str:
+    extra = [f"{kind}[:OPTIONS]" for kind in transport_kinds()[2:]]
+    return ", ".join([*DEVICE_CHOICES, *extra])
+
+
 def connect(device: str) -> Transport:
     """Open a transport from a device string.
 
     ``"model"``: the reference model with the default build parameters;
     ``"model:n=32,tiles=4"``: with those ``NpuConfig`` parameters;
     ``"serial:PORT"`` or ``"serial:PORT@BAUD"``: a serial port;
-    ``"sim"``, ``"sim:n=8,tiles=1,simulator=icarus"``: the simulated board with those
-    ``NpuConfig`` parameters (``sim.board.SimTransport``, imported here, lazily: the
-    registration point that keeps ``host`` free of imports of ``sim``).
+    ``"KIND"`` or ``"KIND:OPTIONS"``: a kind from the registry (:func:`transport_kinds`),
+    such as ``"sim:n=8,tiles=1,simulator=icarus"``, the simulated board that ``sim``
+    registers.
 
     Raises
     ------
     ValueError
         for an unknown device string (the message lists the choices), a malformed option
-        or baud rate, and for ``"sim"`` outside a checkout of the repository (no ``sim``
-        package to import).
+        or baud rate, and a registered kind whose package cannot be imported (naming it).
     TransportError
         when a serial port cannot be opened or the simulator does not come up.
     """
     kind, _, rest = device.partition(":")
-    choices = ", ".join(DEVICE_CHOICES)
+    choices = device_choices()
     if kind == "model":
-        from host.model.core import NpuConfig
+        from host.spec.config import NpuConfig
         try:
             config = NpuConfig(**_parse_model_options(rest))
         except TypeError as exc:
@@ -268,11 +308,14 @@ def connect(device: str) -> Transport:
                 raise ValueError(f"baud rate {baud!r} in {device!r} is not a positive integer")
             return SerialTransport(port, int(baud))
         return SerialTransport(port)
-    if kind == "sim":
+    factory = _REGISTERED.get(kind)
+    if factory is None:
+        entry = _entry_points().get(kind) if kind else None
+        if entry is None:
+            raise ValueError(f"unknown device {device!r}; choose one of: {choices}")
         try:
-            from sim.board import SimTransport
+            factory = entry.load()
         except ImportError as exc:
-            raise ValueError(f"the 'sim' device needs the repository's sim and hw packages "
-                             f"(run from a checkout, with it on sys.path): {exc}") from None
-        return SimTransport.from_options(rest)
-    raise ValueError(f"unknown device {device!r}; choose one of: {choices}")
+            raise ValueError(f"the {kind!r} device ({entry.value}) cannot be imported: "
+                             f"{exc}") from None
+    return factory(rest)

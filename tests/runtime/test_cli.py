@@ -16,7 +16,8 @@ import pytest
 from host.spec import protocol as p
 from host.cli import main
 from host.spec.config import NpuConfig
-from host.runtime.device import NetworkImage
+from host.compiler.image import program_image
+from host.spec.image import NetworkImage
 from host.model.core import NpuModel
 from host.compiler.programs import mlp_layer, native
 from host.runtime.server import ProtocolServer, PtyServer
@@ -39,7 +40,7 @@ def mlp(tmp_path_factory):
         result, out = mlp_layer(CFG, w, b, job.astype(np.float16)).run(NpuModel(CFG))
         assert result.ok
         expected.append(out)
-    image = NetworkImage.from_program(mlp_layer(CFG, w, b, xs[0].astype(np.float16)))
+    image = program_image(mlp_layer(CFG, w, b, xs[0].astype(np.float16)))
     image.save(tmp / "mlp.npz")
     # Each job's inputs as native vectors: BATCH logical vectors of X values.
     inputs = np.stack([native(job.astype(np.float16), CFG.n) for job in xs]).view(np.float16)
@@ -88,7 +89,8 @@ def test_run_writes_the_expected_outputs(mlp, inputs, capsys):
     assert main(["run", str(tmp / "mlp.npz"), str(tmp / inputs), "-o", str(out)]) == 0
     stdout, stderr = capsys.readouterr()
     assert f"{JOBS} jobs in" in stdout
-    assert f"{JOBS}/{JOBS} jobs" in stderr                # the progress bar, on stderr
+    assert f"jobs: {JOBS}/{JOBS} (100 %)" in stderr      # the progress line, on stderr
+    assert "\r" not in stderr                         # not a terminal: no frames
     y = np.load(out)
     assert y.dtype == np.float16 and y.shape == expected.shape
     assert (y.view(np.uint16) == expected).all()
@@ -132,10 +134,14 @@ def test_usage_errors_exit_2(mlp, args, message, capsys, monkeypatch):
 def test_device_errors_exit_1(mlp, capsys, monkeypatch):
     tmp, _ = mlp
     monkeypatch.chdir(tmp)
-    # Each job brings 2 vectors fewer than the program reads: the first run underflows.
+    # Each job brings 2 vectors fewer than the program reads, and the image does not say
+    # how many a job takes (as in a version 1 image): the first run underflows.
     short = np.load(tmp / "x16.npy")[:, :-2]
     np.save(tmp / "short.npy", short)
-    assert main(["run", "mlp.npz", "short.npy", "-o", "y_short.npy", "--no-progress"]) == 1
+    image = NetworkImage.load(tmp / "mlp.npz")
+    image.inputs = None
+    image.save(tmp / "unsized.npz")
+    assert main(["run", "unsized.npz", "short.npy", "-o", "y_short.npy", "--no-progress"]) == 1
     stdout, stderr = capsys.readouterr()
     assert stdout == ""
     assert "npu: device error: job 0 failed" in stderr and "QUEUE_UNDERFLOW" in stderr
@@ -153,3 +159,85 @@ def test_npu_in_a_subprocess_over_a_pty():
     info = json.loads(done.stdout)
     assert info["device"] == f"serial:{board.port}@115200"
     assert (info["n"], info["tiles"]) == (8, 1)
+
+
+def _no_device(monkeypatch):
+    """Make any use of a device fail the test: the refusals below come first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the device was opened")
+    monkeypatch.setattr("host.runtime.transport.connect", refuse)
+
+
+@pytest.mark.parametrize("drop, extra", [(2, 0), (0, 3)])
+def test_jobs_of_another_size_are_refused_before_anything_runs(mlp, capsys, monkeypatch,
+                                                               drop, extra):
+    tmp, _ = mlp
+    x = np.load(tmp / "x16.npy")
+    k = x.shape[1]
+    x = np.concatenate([x[:, :k - drop], np.zeros((len(x), extra, x.shape[2]), x.dtype)], 1)
+    np.save(tmp / "wrong.npy", x)
+    _no_device(monkeypatch)
+    assert main(["run", str(tmp / "mlp.npz"), str(tmp / "wrong.npy"), "-o",
+                 str(tmp / "y.npy")]) == 2
+    err = capsys.readouterr().err
+    assert f"each job has {k - drop + extra} input vectors; the image takes {k}" in err
+    assert not (tmp / "y.npy").exists()
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"", "not a network image"),
+    (b"PK\x03\x04 truncated", "damaged, truncated"),
+    (None, "damaged, truncated"),
+    ("npy", "not a network image"),
+])
+def test_bad_image_files_exit_2_without_a_traceback(mlp, capsys, monkeypatch, content, says):
+    tmp, _ = mlp
+    bad = tmp / "bad.npz"
+    if content is None:                        # a real image cut short
+        raw = (tmp / "mlp.npz").read_bytes()
+        bad.write_bytes(raw[:len(raw) * 2 // 3])
+    elif content == "npy":                     # another kind of file: an .npy array
+        np.save(tmp / "arr.npy", np.zeros(3))
+        bad = tmp / "arr.npy"
+    else:
+        bad.write_bytes(content)
+    _no_device(monkeypatch)
+    assert main(["run", str(bad), str(tmp / "x16.npy"), "-o", str(tmp / "y.npy")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("npu: error: cannot load image:") and says in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_inputs_file_and_unwritable_output_exit_2(mlp, capsys, monkeypatch):
+    tmp, _ = mlp
+    _no_device(monkeypatch)
+    (tmp / "junk.npy").write_bytes(b"\x93NUMPY garbage")
+    assert main(["run", str(tmp / "mlp.npz"), str(tmp / "junk.npy"), "-o",
+                 str(tmp / "y.npy")]) == 2
+    assert "cannot read inputs" in capsys.readouterr().err
+    np.savez(tmp / "two.npz", a=np.zeros(2), b=np.zeros(2))
+    assert main(["run", str(tmp / "mlp.npz"), str(tmp / "two.npz"), "-o",
+                 str(tmp / "y.npy")]) == 2
+    assert "must be one .npy array" in capsys.readouterr().err
+    for out in (tmp / "no" / "such" / "dir" / "y.npy", tmp):      # missing folder, a folder
+        assert main(["run", str(tmp / "mlp.npz"), str(tmp / "x16.npy"), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write {out}" in err and "Traceback" not in err
+    assert not (tmp / "no").exists()
+
+
+def test_float_inputs_that_overflow_fp16_are_counted(mlp, capsys):
+    tmp, expected = mlp
+    x = np.load(tmp / "x32.npy").astype(np.float64)
+    x[0, 0, :3] = 1e6                                   # beyond FP16: infinity
+    x[1, 0, 0] = 1e-12                                  # below FP16's smallest subnormal
+    np.save(tmp / "big.npy", x)
+    assert main(["run", str(tmp / "mlp.npz"), str(tmp / "big.npy"), "-o",
+                 str(tmp / "y.npy"), "--no-progress"]) == 0
+    assert "3 values overflow to infinity and 1 flush to zero" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("npu ") and "protocol version" in out

@@ -23,7 +23,8 @@ import pytest
 
 from host.spec import protocol as p
 from host.spec.config import NpuConfig
-from host.runtime.device import Device, DeviceError, LinkError, NetworkImage, StreamError
+from host.compiler.image import program_image
+from host.runtime.device import Device, DeviceError, LinkError, StreamError
 from host.spec.isa import ErrorCode, Instruction as I, Reg, Space, encode_program
 from host.model.core import NpuModel
 from host.compiler.programs import lstm_sequence, native
@@ -255,11 +256,30 @@ def test_stream_bad_input_after_good_jobs(device):
     rng = np.random.default_rng(8)
     load_mlp(dev, rng)
     jobs = [random_vectors(rng, 6, DEV.n) for _ in range(5)] + [np.zeros((6, 3), np.uint16)]
+    # A list is checked whole before anything is sent: nothing runs.
+    before = dev.counters()
+    with pytest.raises(ValueError, match=r"input of job 5 must be native vectors of shape"):
+        next(dev.stream(jobs, outputs=6, window=8))
+    assert dev.status()["input_level"] == 0 and dev.counters() == before
+    # A lazy source is checked job by job: the jobs before the bad one are delivered.
     results = []
     with pytest.raises(ValueError, match="input of job 5"):
-        for y in dev.stream(jobs, outputs=6, window=8):
+        for y in dev.stream(iter(jobs), outputs=6, window=8):
             results.append(y)
     assert len(results) == 5
+
+
+def test_stream_refuses_jobs_of_another_size(device):
+    dev, model = device
+    rng = np.random.default_rng(9)
+    load_mlp(dev, rng)
+    jobs = [random_vectors(rng, 6, DEV.n) for _ in range(4)]
+    jobs[2] = random_vectors(rng, 7, DEV.n)              # one vector too many
+    before = dev.counters()
+    with pytest.raises(ValueError, match="input of job 2 has 7 vectors; each job takes 6"):
+        next(dev.stream(jobs, outputs=6, vectors=6))
+    assert dev.status()["input_level"] == 0 and dev.counters() == before
+    assert len(list(dev.stream(jobs[:2], outputs=6, vectors=6))) == 2
 
 
 # --- the end-to-end LSTM test -------------------------------------------------------------
@@ -289,7 +309,7 @@ def lstm_case():
         result, out = lstm_sequence(LSTM_CFG, weights, xs, h0, c0).run(NpuModel(LSTM_CFG))
         assert result.ok
         reference.append(out)
-    image = NetworkImage.from_program(lstm_sequence(LSTM_CFG, weights, seqs[0], h0, c0))
+    image = program_image(lstm_sequence(LSTM_CFG, weights, seqs[0], h0, c0))
     return image, [native(xs, LSTM_CFG.n) for xs in seqs], reference
 
 
