@@ -109,7 +109,8 @@ def _load_inputs(path: str) -> np.ndarray:
     if x.dtype == np.uint16:
         return x
     if x.dtype in (np.float16, np.float32, np.float64):
-        h = x.astype(np.float16)                        # round to nearest, ties to even
+        with np.errstate(over="ignore"):                # counted below, not warned twice
+            h = x.astype(np.float16)                    # round to nearest, ties to even
         overflow = int(np.count_nonzero(np.isinf(h) & np.isfinite(x)))
         underflow = int(np.count_nonzero((h == 0) & (x != 0)))
         if overflow or underflow:

@@ -10,6 +10,15 @@ recompute it from :mod:`host.numerics.mvm` primitives.
 Programs (seed 004, tables 1 to 3): :func:`mlp_layer`, :func:`lstm_sequence` /
 :func:`lstm_step`, :func:`gru_step`, :func:`conv1x1`, :func:`conv2d`, :func:`softmax_head`.
 Logical sizes need not be multiples of N.
+
+FP16 data (every vector, matrix, bias, image and state argument) goes through
+:func:`host.numerics.mvm.fp16_bits`: ``float16``, ``float32`` and ``float64`` arrays are
+values, rounded to FP16 to nearest even (a ``RuntimeWarning`` counts those that overflow
+to inf); ``uint16`` arrays are FP16 bit patterns; any other dtype (other integers, bool,
+object, complex) raises ``TypeError`` naming the argument. Shapes must match exactly
+(a bias has the matrix's row count, an input the matrix's column count): a mismatch
+raises ``ValueError`` naming both shapes, never pads or truncates. Only the padding of
+a logical vector to whole native vectors is implicit.
 """
 
 from __future__ import annotations
@@ -20,8 +29,9 @@ from typing import NamedTuple
 import numpy as np
 
 from host.numerics import bfp
+from host.numerics.mvm import fp16_bits
 from host.spec.config import NpuConfig
-from host.spec.formats import Rounding
+from host.spec.formats import Rounding, check_int
 from host.spec.isa import REG_DEFAULTS, Instruction, Reg, Space, encode_program, mnemonic
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 
@@ -31,18 +41,86 @@ __all__ = [
 ]
 
 
-def native(x, n: int) -> np.ndarray:
-    """FP16 values or bits ``(..., length)`` as native vectors ``(count, n)`` uint16
-    (zero padded; leading axes become consecutive vectors)."""
-    x = np.asarray(x)
-    bits = x.view(np.uint16) if x.dtype == np.float16 else x.astype(np.uint16)
+def native(x, n: int, name: str = "x") -> np.ndarray:
+    """FP16 data ``(..., length)`` as native vectors ``(count, n)`` of uint16 bits.
+
+    Each logical vector (last axis) is zero padded to ``ceil(length / n)`` native
+    vectors; leading axes become consecutive vectors.
+
+    Parameters
+    ----------
+    x : float16, float32 or float64 values, or uint16 FP16 bit patterns
+        (:func:`host.numerics.mvm.fp16_bits`: floats are rounded to nearest even).
+    n : int
+        The native dimension.
+    name : str
+        The argument's name in error messages.
+
+    Raises
+    ------
+    TypeError
+        ``x`` has another dtype (e.g. ``int64``, ``bool``).
+    ValueError
+        ``x`` is a scalar (no axis).
+
+    Warns
+    -----
+    RuntimeWarning
+        finite float values that overflow to inf in the rounding.
+
+    >>> native(np.float32([1.5, 2, 3.7]), 4)
+    array([[15872, 16384, 17254,     0]], dtype=uint16)
+    """
+    bits = fp16_bits(x, name)
+    if bits.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (..., length), not a scalar")
     return bfp.split_vector(bits, n).reshape(-1, n)
 
 
 def logical(vectors, length: int) -> np.ndarray:
-    """Native vectors ``(count, n)`` back to a logical FP16 bit vector of ``length``."""
-    v = np.asarray(vectors, np.uint16)
-    return v.reshape(-1)[:length]
+    """Native vectors ``(count, n)`` back to a logical FP16 bit vector of ``length``.
+
+    The inverse of :func:`native` for one logical vector: ``count`` must be
+    ``ceil(length / n)``, so only the zero padding of the last vector is dropped.
+
+    Raises
+    ------
+    TypeError
+        ``vectors`` is not float (rounded to FP16) or uint16 (bits).
+    ValueError
+        ``vectors`` is not 2-D, or ``length`` needs another number of native vectors.
+    """
+    v = fp16_bits(vectors, "vectors")
+    if v.ndim != 2:
+        raise ValueError(f"vectors must have shape (count, n), not {v.shape}")
+    return bfp.merge_vector(v, length)
+
+
+def _matrix(x, name: str) -> np.ndarray:
+    """``x`` as FP16 bits of a non-empty 2-D matrix."""
+    bits = fp16_bits(x, name)
+    if bits.ndim != 2 or 0 in bits.shape:
+        raise ValueError(f"{name} must be a matrix of shape (rows >= 1, cols >= 1), not "
+                         f"{bits.shape}")
+    return bits
+
+
+def _vector(x, name: str) -> np.ndarray:
+    """``x`` as FP16 bits of a non-empty 1-D vector."""
+    bits = fp16_bits(x, name)
+    if bits.ndim != 1 or not len(bits):
+        raise ValueError(f"{name} must be a vector of shape (length >= 1,), not {bits.shape}")
+    return bits
+
+
+def _shaped(x, name: str, shape: tuple, why: str) -> np.ndarray:
+    """``x`` as FP16 bits of exactly ``shape``, which ``why`` (e.g. ``w of shape (4, 6)``)
+    requires."""
+    bits = fp16_bits(x, name)
+    if bits.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {bits.shape}, but {why} needs shape "
+                         f"{tuple(shape)}")
+    return bits
 
 
 class Ref(NamedTuple):
@@ -135,17 +213,39 @@ class Builder:
         self._next[space] = addr + length
         return Ref(space, addr, length)
 
-    def place(self, space: Space, values) -> Ref:
-        """Allocate and fill a logical vector (FP16 values or bits) in ``space``."""
-        vectors = native(values, self.n)
+    def place(self, space: Space, values, name: str = "values") -> Ref:
+        """Allocate and fill a logical vector in ``space``.
+
+        ``values`` is FP16 data ``(..., length)`` as :func:`native` takes it (floats
+        rounded to nearest even, uint16 bits); each logical vector is zero padded to whole
+        native vectors, leading axes placed one after the other. The caller checks that
+        ``length`` is what the program needs (the layer builders do).
+
+        Raises
+        ------
+        TypeError
+            ``values`` has a dtype other than float16/32/64 or uint16 (names ``name``).
+        ValueError
+            ``values`` is a scalar; ``space`` is full.
+        """
+        vectors = native(values, self.n, name)
         ref = self.alloc(space, len(vectors))
         self.program.vectors.append((space, ref.addr, vectors))
         return ref
 
-    def matrix(self, w) -> int:
-        """Place an FP16 matrix ``(rows, cols)`` in the MRF; returns its base tile slot."""
-        w = np.asarray(w)
-        bits = w.view(np.uint16) if w.dtype == np.float16 else w.astype(np.uint16)
+    def matrix(self, w, name: str = "w") -> int:
+        """Place an FP16 matrix ``(rows, cols)`` in the MRF; returns its base tile slot.
+
+        ``w`` is float16/32/64 values (rounded to nearest even) or uint16 FP16 bits.
+
+        Raises
+        ------
+        TypeError
+            ``w`` has another dtype (the message names ``name``).
+        ValueError
+            ``w`` is not a non-empty 2-D array; the MRF is full.
+        """
+        bits = _matrix(w, name)
         rows, cols = bits.shape
         need = self.config.mvm.slots_needed(self.tiles(rows), self.tiles(cols))
         if self._slot + need > self.config.mrf_depth:
@@ -156,9 +256,19 @@ class Builder:
         self.program.matrices.append((slot, bits))
         return slot
 
-    def push(self, values) -> int:
-        """Queue input values (FP16 ``(..., length)``); returns the native vectors added."""
-        vectors = native(values, self.n)
+    def push(self, values, name: str = "values") -> int:
+        """Queue input values (FP16 ``(..., length)`` as :func:`native` takes them, each
+        logical vector zero padded to whole native vectors); returns the native vectors
+        added.
+
+        Raises
+        ------
+        TypeError
+            ``values`` has a dtype other than float16/32/64 or uint16 (names ``name``).
+        ValueError
+            ``values`` is a scalar.
+        """
+        vectors = native(values, self.n, name)
         self._inputs.append(vectors)
         return len(vectors)
 
@@ -240,10 +350,6 @@ class Builder:
         return self.program
 
 
-def _f16(x):
-    return np.asarray(x, np.float16)
-
-
 # --- MLP ------------------------------------------------------------------------------------
 
 def mlp_layer(config: NpuConfig, w, b, xs, activation="relu") -> Program:
@@ -251,13 +357,38 @@ def mlp_layer(config: NpuConfig, w, b, xs, activation="relu") -> Program:
 
     Per input: ``y = unary(act, binary(ADD, mvm(W, x), b))``, pushed to the output
     queue. One chain, repeated ``len(xs)`` times with ITERATIONS.
+
+    Parameters
+    ----------
+    config : NpuConfig
+    w : ``(rows, cols)``
+    b : ``(rows,)``
+    xs : ``(cols,)`` (one input) or ``(batch, cols)``
+    activation : unary op name
+
+    FP16 data as :func:`host.numerics.mvm.fp16_bits` takes it: float16/32/64 values
+    (rounded to nearest even) or uint16 bit patterns.
+
+    Raises
+    ------
+    TypeError
+        an FP16 argument of another dtype (the message names it).
+    ValueError
+        ``b`` or ``xs`` does not match ``w``'s shape (the message names both shapes);
+        ``w`` is not a non-empty matrix; ``xs`` is empty.
     """
-    w, b, xs = _f16(w), _f16(b), np.atleast_2d(_f16(xs))
+    w = _matrix(w, "w")
     rows, cols = w.shape
+    b = _shaped(b, "b", (rows,), f"w of shape {w.shape}")
+    xs = fp16_bits(xs, "xs")
+    if not (xs.shape == (cols,) or (xs.ndim == 2 and xs.shape[1] == cols and len(xs))):
+        raise ValueError(f"xs has shape {xs.shape}, but w of shape {w.shape} needs inputs "
+                         f"of shape ({cols},) or (batch >= 1, {cols})")
+    xs = xs.reshape(-1, cols)
     bld = Builder(config)
-    slot = bld.matrix(w)
-    bias = bld.place(Space.ASVRF0, b)
-    bld.push(xs)
+    slot = bld.matrix(w, "w")
+    bias = bld.place(Space.ASVRF0, b, "b")
+    bld.push(xs, "xs")
     bld.chain("netq", rows=rows, mv_mul=slot, cols=cols,
               ops=[("vv", "add", bias), ("unary", activation)], writes=["netq"],
               iterations=len(xs))
@@ -267,6 +398,21 @@ def mlp_layer(config: NpuConfig, w, b, xs, activation="relu") -> Program:
 # --- LSTM (seed 004, table 1) ------------------------------------------------------------------
 
 _GATES = ("f", "i", "o", "c")
+
+
+def _weights(weights, matrices, biases, h_len: int, x_len: int, sizes: str) -> dict:
+    """The FP16 bits of a weight dict: ``W_*`` ``(H, X)``, ``U_*`` ``(H, H)``, ``b_*``
+    ``(H,)``; ``sizes`` says where H and X come from, for the messages."""
+    missing = [k for k in matrices + biases if k not in weights]
+    if missing:
+        raise ValueError(f"weights lacks {', '.join(map(repr, missing))}")
+    out = {}
+    for k in matrices:
+        shape = (h_len, x_len) if k.startswith("W_") else (h_len, h_len)
+        out[k] = _shaped(weights[k], f"weights[{k!r}]", shape, sizes)
+    for k in biases:
+        out[k] = _shaped(weights[k], f"weights[{k!r}]", (h_len,), sizes)
+    return out
 
 
 def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
@@ -291,23 +437,45 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
     chain, keeps it busy while the ``h`` chain does, so that the next step's f gate finds
     ``h`` written. The ``x`` and ``xw`` buffers alternate by step.
     ``refs["h"]``, ``refs["c"]`` hold the final state.
+
+    FP16 data (``weights``' arrays, ``xs``, ``h0``, ``c0``) as
+    :func:`host.numerics.mvm.fp16_bits` takes it: float16/32/64 values (rounded to
+    nearest even) or uint16 bit patterns. ``xs`` may be one input ``(X,)``.
+
+    Raises
+    ------
+    TypeError
+        an FP16 argument of another dtype (the message names it).
+    ValueError
+        a shape that does not match the others (``c0`` and the biases must have ``h0``'s
+        shape ``(H,)``, ``W_*`` must be ``(H, X)``, ``U_*`` ``(H, H)``; the message names
+        both shapes); an empty ``xs`` or ``h0``; a missing weight.
     """
-    xs = np.atleast_2d(_f16(xs))
+    xs = fp16_bits(xs, "xs")
+    if xs.ndim == 1:
+        xs = xs[None]
+    if xs.ndim != 2 or 0 in xs.shape:
+        raise ValueError(f"xs must have shape (X,) or (steps >= 1, X >= 1), not {xs.shape}")
     steps, x_len = xs.shape
+    h0 = _vector(h0, "h0")
     h_len = len(h0)
+    c0 = _shaped(c0, "c0", h0.shape, f"h0 of shape {h0.shape}")
+    wts = _weights(weights, [f"{m}_{g}" for m in "WU" for g in _GATES],
+                   [f"b_{g}" for g in _GATES], h_len, x_len,
+                   f"h0 of shape {h0.shape} and xs of shape {xs.shape}")
     bld = Builder(config)
     nt = bld.tiles
-    slots = {k: bld.matrix(weights[k]) for k in
+    slots = {k: bld.matrix(wts[k], f"weights[{k!r}]") for k in
              [f"W_{g}" for g in _GATES] + [f"U_{g}" for g in _GATES]}
-    bias = {g: bld.place(Space.ASVRF0, weights[f"b_{g}"]) for g in _GATES}
+    bias = {g: bld.place(Space.ASVRF0, wts[f"b_{g}"]) for g in _GATES}
     xw = [{g: bld.alloc(Space.ASVRF0, nt(h_len)) for g in _GATES} for _ in range(2)]
     x = [bld.alloc(Space.IVRF, nt(x_len)) for _ in range(2)]
-    h = bld.place(Space.IVRF, h0)
-    c = bld.place(Space.MULVRF0, c0)
+    h = bld.place(Space.IVRF, h0, "h0")
+    c = bld.place(Space.MULVRF0, c0, "c0")
     i_gate = bld.alloc(Space.MULVRF0, nt(h_len))
     o_gate = bld.alloc(Space.MULVRF0, nt(h_len))
     fc = bld.alloc(Space.ASVRF1, nt(h_len))
-    bld.push(xs)
+    bld.push(xs, "xs")
 
     def copy(t):
         if t < steps:
@@ -345,8 +513,15 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
 
 
 def lstm_step(config: NpuConfig, weights, x, h0, c0) -> Program:
-    """One LSTM step (:func:`lstm_sequence` with one input)."""
-    return lstm_sequence(config, weights, np.atleast_2d(_f16(x)), h0, c0)
+    """One LSTM step (:func:`lstm_sequence` with one input ``x`` of shape ``(X,)``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        as :func:`lstm_sequence`; ``ValueError`` also when ``x`` is not 1-D.
+    """
+    x = _vector(x, "x")
+    return lstm_sequence(config, weights, x[None], h0, c0)
 
 
 # --- GRU ------------------------------------------------------------------------------------
@@ -363,24 +538,40 @@ def gru_step(config: NpuConfig, weights, x, h0) -> Program:
 
     (``vv_b_sub_a`` forms ``h - n`` with the chain value ``n`` as ``a``.)
     ``refs["h"]`` holds ``h'``.
+
+    FP16 data (``weights``' arrays, ``x``, ``h0``) as :func:`host.numerics.mvm.fp16_bits`
+    takes it: float16/32/64 values (rounded to nearest even) or uint16 bit patterns.
+
+    Raises
+    ------
+    TypeError
+        an FP16 argument of another dtype (the message names it).
+    ValueError
+        ``x`` or ``h0`` not a non-empty vector; a weight whose shape does not match them
+        (``W_*`` ``(H, X)``, ``U_*`` ``(H, H)``, ``b_*`` ``(H,)``; the message names both
+        shapes); a missing weight.
     """
-    x = _f16(x)
+    x = _vector(x, "x")
+    h0 = _vector(h0, "h0")
     x_len, h_len = len(x), len(h0)
+    wts = _weights(weights, ["W_z", "W_r", "W_n", "U_z", "U_r", "U_n"],
+                   ["b_z", "b_r", "b_n", "b_hn"], h_len, x_len,
+                   f"h0 of shape {h0.shape} and x of shape {x.shape}")
     bld = Builder(config)
     nt = bld.tiles
-    slots = {k: bld.matrix(weights[k]) for k in
+    slots = {k: bld.matrix(wts[k], f"weights[{k!r}]") for k in
              ("W_z", "W_r", "W_n", "U_z", "U_r", "U_n")}
-    bias = {k: bld.place(Space.ASVRF0, weights[f"b_{k}"]) for k in ("z", "r", "n", "hn")}
+    bias = {k: bld.place(Space.ASVRF0, wts[f"b_{k}"]) for k in ("z", "r", "n", "hn")}
     xw = {"z": bld.alloc(Space.ASVRF0, nt(h_len)), "r": bld.alloc(Space.ASVRF0, nt(h_len)),
           "n": bld.alloc(Space.ASVRF1, nt(h_len))}
     xv = bld.alloc(Space.IVRF, nt(x_len))
-    h = bld.place(Space.IVRF, h0)
-    h_op = bld.place(Space.ASVRF0, h0)              # h as an add/sub operand
+    h = bld.place(Space.IVRF, h0, "h0")
+    h_op = bld.place(Space.ASVRF0, h0, "h0")        # h as an add/sub operand
     z = bld.alloc(Space.MULVRF0, nt(h_len))
     r = bld.alloc(Space.MULVRF0, nt(h_len))
     n_iv = bld.alloc(Space.IVRF, nt(h_len))
     n_op = bld.alloc(Space.ASVRF1, nt(h_len))
-    bld.push(x)
+    bld.push(x, "x")
     bld.chain("netq", rows=x_len, writes=[xv])
     for k in ("z", "r", "n"):
         bld.chain(xv, rows=h_len, mv_mul=slots[f"W_{k}"], cols=x_len,
@@ -400,13 +591,21 @@ def gru_step(config: NpuConfig, weights, x, h0) -> Program:
 
 # --- convolutions (seed 004, tables 2 and 3) ------------------------------------------------
 
-def _image(bld: Builder, image) -> tuple[Ref, int]:
-    """Store an ``(H, W, C)`` image in the IVRF, pixel by pixel (``ceil(C/N)`` native
-    vectors each, row major); returns its Ref and the vectors per pixel."""
-    image = _f16(image)
-    height, width, ch = image.shape
-    pix = bld.tiles(ch)
-    vectors = bfp.split_vector(image.view(np.uint16), bld.n).reshape(-1, bld.n)
+def _image(image, channels: int, why: str) -> np.ndarray:
+    """``image`` as the FP16 bits of a non-empty ``(H, W, channels)`` image."""
+    bits = fp16_bits(image, "image")
+    if bits.ndim != 3 or bits.shape[2] != channels or 0 in bits.shape:
+        raise ValueError(f"image has shape {bits.shape}, but {why} needs shape "
+                         f"(H >= 1, W >= 1, {channels})")
+    return bits
+
+
+def _place_image(bld: Builder, image) -> tuple[Ref, int]:
+    """Store an ``(H, W, C)`` image (FP16 bits) in the IVRF, pixel by pixel
+    (``ceil(C/N)`` native vectors each, row major); returns its Ref and the vectors per
+    pixel."""
+    pix = bld.tiles(image.shape[2])
+    vectors = bfp.split_vector(image, bld.n).reshape(-1, bld.n)
     ref = bld.alloc(Space.IVRF, len(vectors))
     bld.program.vectors.append((Space.IVRF, ref.addr, vectors))
     return ref, pix
@@ -416,13 +615,27 @@ def conv1x1(config: NpuConfig, w, b, image, activation="relu") -> Program:
     """A 1x1 convolution: ``y[p] = act(mvm(W, image[p]) + b)`` for every pixel ``p`` of
     the ``(H, W, C_in)`` image (row major), ``w`` of shape ``(C_out, C_in)``. One chain
     iterated over the pixels with ``v_rd_inc``; the outputs go to the output queue in
-    pixel order (``ceil(C_out/N)`` vectors each)."""
-    w, b = _f16(w), _f16(b)
+    pixel order (``ceil(C_out/N)`` vectors each).
+
+    FP16 data (``w``, ``b``, ``image``) as :func:`host.numerics.mvm.fp16_bits` takes it:
+    float16/32/64 values (rounded to nearest even) or uint16 bit patterns.
+
+    Raises
+    ------
+    TypeError
+        an FP16 argument of another dtype (the message names it).
+    ValueError
+        ``b`` not ``(C_out,)``, ``image`` not ``(H, W, C_in)`` (the message names both
+        shapes); ``w`` not a non-empty matrix.
+    """
+    w = _matrix(w, "w")
     c_out, c_in = w.shape
+    b = _shaped(b, "b", (c_out,), f"w of shape {w.shape}")
+    image = _image(image, c_in, f"w of shape {w.shape}")
     bld = Builder(config)
-    img, pix = _image(bld, image)
-    slot = bld.matrix(w)
-    bias = bld.place(Space.ASVRF0, b)
+    img, pix = _place_image(bld, image)
+    slot = bld.matrix(w, "w")
+    bias = bld.place(Space.ASVRF0, b, "b")
     pixels = image.shape[0] * image.shape[1]
     bld.chain((img, pix), rows=c_out, mv_mul=slot, cols=c_in,
               ops=[("vv", "add", bias), ("unary", activation)], writes=["netq"],
@@ -430,16 +643,34 @@ def conv1x1(config: NpuConfig, w, b, image, activation="relu") -> Program:
     return bld.finish()
 
 
+def _kernel(w) -> np.ndarray:
+    """``w`` as the FP16 bits of a non-empty ``(C_out, C_in, K, K)`` kernel."""
+    bits = fp16_bits(w, "w")
+    if bits.ndim != 4 or bits.shape[2] != bits.shape[3] or 0 in bits.shape:
+        raise ValueError(f"w must have shape (C_out, C_in, K, K), all >= 1, not "
+                         f"{bits.shape}")
+    return bits
+
+
 def conv_matrix(w, n: int) -> np.ndarray:
-    """The MVM matrix of a ``K x K`` convolution ``w`` (``(C_out, C_in, K, K)``): columns
-    ordered (ky, kx, channel padded to whole native vectors), the order the window
-    gathers its pixels in."""
-    w = _f16(w)
+    """The MVM matrix (``float16``) of a ``K x K`` convolution ``w`` (``(C_out, C_in, K,
+    K)``): columns ordered (ky, kx, channel padded to whole native vectors), the order
+    the window gathers its pixels in.
+
+    Raises
+    ------
+    TypeError
+        ``w`` is not float16/32/64 (values, rounded to nearest even) or uint16 (bits).
+    ValueError
+        ``w`` does not have the shape ``(C_out, C_in, K, K)``.
+    """
+    w = _kernel(w)
+    n = check_int("n", n, 1)
     c_out, c_in, k, _ = w.shape
     pix = -(-c_in // n)
-    m = np.zeros((c_out, k, k, pix * n), np.float16)
+    m = np.zeros((c_out, k, k, pix * n), np.uint16)
     m[..., :c_in] = w.transpose(0, 2, 3, 1)
-    return m.reshape(c_out, k * k * pix * n)
+    return m.reshape(c_out, k * k * pix * n).view(np.float16)
 
 
 def conv2d(config: NpuConfig, w, b, image, stride: int = 1, activation="relu") -> Program:
@@ -448,15 +679,34 @@ def conv2d(config: NpuConfig, w, b, image, stride: int = 1, activation="relu") -
     the window's K x K pixels, each padded to whole native vectors with zero lanes. The
     window registers (WIN_W = WIN_H = K, WIN_PITCH = one image row) gather the patch;
     one chain per output row iterates over the row's pixels with ``v_rd_inc`` by
-    ``stride`` pixels. Outputs go to the output queue, row major."""
-    w, b = _f16(w), _f16(b)
+    ``stride`` pixels. Outputs go to the output queue, row major.
+
+    FP16 data (``w``, ``b``, ``image``) as :func:`host.numerics.mvm.fp16_bits` takes it:
+    float16/32/64 values (rounded to nearest even) or uint16 bit patterns.
+
+    Raises
+    ------
+    TypeError
+        an FP16 argument of another dtype (the message names it); ``stride`` not an int.
+    ValueError
+        ``w`` not ``(C_out, C_in, K, K)``; ``b`` not ``(C_out,)``; ``image`` not
+        ``(H, W, C_in)`` with ``H, W >= K`` (the message names both shapes);
+        ``stride < 1``.
+    """
+    w = _kernel(w)
     c_out, c_in, k, _ = w.shape
+    b = _shaped(b, "b", (c_out,), f"w of shape {w.shape}")
+    image = _image(image, c_in, f"w of shape {w.shape}")
+    stride = check_int("stride", stride, 1)
     height, width = image.shape[:2]
+    if height < k or width < k:
+        raise ValueError(f"image has shape {image.shape}, but w of shape {w.shape} needs "
+                         f"at least {k} x {k} pixels (no padding)")
     out_h, out_w = (height - k) // stride + 1, (width - k) // stride + 1
     bld = Builder(config)
-    img, pix = _image(bld, image)
-    slot = bld.matrix(conv_matrix(w, config.n))
-    bias = bld.place(Space.ASVRF0, b)
+    img, pix = _place_image(bld, image)
+    slot = bld.matrix(conv_matrix(w, config.n), "w")
+    bias = bld.place(Space.ASVRF0, b, "b")
     for oy in range(out_h):
         start = Ref(Space.IVRF, img.addr + oy * stride * width * pix, pix)
         bld.chain((start, stride * pix), rows=c_out, mv_mul=slot, cols=c_in,
@@ -476,18 +726,32 @@ def softmax_head(config: NpuConfig, w, b, x) -> Program:
         y = s * e                          pushed to the output queue
 
     The reductions cover exactly ``len(b)`` elements (``host.numerics.reduction``'s tree).
+
+    FP16 data (``w`` ``(rows, cols)``, ``b`` ``(rows,)``, ``x`` ``(cols,)``) as
+    :func:`host.numerics.mvm.fp16_bits` takes it: float16/32/64 values (rounded to
+    nearest even) or uint16 bit patterns.
+
+    Raises
+    ------
+    TypeError
+        an FP16 argument of another dtype (the message names it).
+    ValueError
+        ``b`` or ``x`` does not match ``w``'s shape (the message names both shapes);
+        ``w`` is not a non-empty matrix.
     """
-    w, b, x = _f16(w), _f16(b), _f16(x)
+    w = _matrix(w, "w")
     rows, cols = w.shape
+    b = _shaped(b, "b", (rows,), f"w of shape {w.shape}")
+    x = _shaped(x, "x", (cols,), f"w of shape {w.shape}")
     bld = Builder(config)
     nt = bld.tiles
-    slot = bld.matrix(w)
-    bias = bld.place(Space.ASVRF0, b)
+    slot = bld.matrix(w, "w")
+    bias = bld.place(Space.ASVRF0, b, "b")
     z_iv = bld.alloc(Space.IVRF, nt(rows))
     z_op = bld.alloc(Space.ASVRF0, nt(rows))
     e_iv = bld.alloc(Space.IVRF, nt(rows))
     e_op = bld.alloc(Space.MULVRF0, nt(rows))
-    bld.push(x)
+    bld.push(x, "x")
     bld.chain("netq", rows=rows, mv_mul=slot, cols=cols, ops=[("vv", "add", bias)],
               writes=[z_iv, z_op])
     bld.chain(z_iv, rows=rows, ops=[("reduce", "max"), ("vv", "b_sub_a", z_op),

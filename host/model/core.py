@@ -28,7 +28,7 @@ from host.spec.isa import (
 )
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.model.mfu import MfuVrfs, run_chain
-from host.numerics.mvm import mvm, quantize_fp16
+from host.numerics.mvm import fp16_bits, mvm, quantize_fp16
 
 __all__ = ["NpuError", "RunResult", "NpuModel", "Timing", "mvm_latency"]
 
@@ -490,19 +490,35 @@ class NpuModel:
         return len(self._outq)
 
     def push_input(self, vectors) -> None:
-        """Append native vectors (uint16 ``(k, n)``) to the input queue.
+        """Append native vectors ``(k, n)``, ``k >= 1``, to the input queue.
+
+        Takes what ``host.runtime.device.Device.push_input`` takes, native vectors only
+        (a logical vector is split with ``host.compiler.programs.native`` first): uint16
+        FP16 bit patterns or ``float16`` values; also ``float32`` / ``float64`` values,
+        rounded to FP16 to nearest even (:func:`host.numerics.mvm.fp16_bits`). A refused
+        push changes nothing.
 
         Raises
         ------
+        TypeError
+            ``vectors`` has another dtype (integers other than uint16, bool, object...).
+        ValueError
+            ``vectors`` is not of shape ``(k >= 1, n)`` (the message as the device's).
         NpuError
-            SIZE_RANGE (shape or dtype), QUEUE_OVERFLOW (beyond netq_depth; nothing
-            queued then).
+            QUEUE_OVERFLOW (beyond netq_depth).
+
+        Warns
+        -----
+        RuntimeWarning
+            finite float values that overflow to inf in the rounding.
         """
+        n = self.config.n
         arr = np.asarray(vectors)
-        if arr.dtype != np.uint16 or arr.ndim != 2 or arr.shape[1] != self.config.n:
-            raise NpuError(ErrorCode.SIZE_RANGE, f"vectors must be a uint16 array of shape "
-                                                 f"(k, {self.config.n}), not {arr.dtype} "
-                                                 f"{arr.shape}")
+        if arr.ndim != 2 or arr.shape[1] != n or not len(arr):
+            raise ValueError(f"vectors must be native vectors, an array of shape "
+                             f"(count >= 1, {n}) (uint16 FP16 bits or float values), not "
+                             f"{arr.dtype} {arr.shape}")
+        arr = fp16_bits(arr, "vectors")
         if len(self._inq) + len(arr) > self.config.netq_depth:
             raise NpuError(ErrorCode.QUEUE_OVERFLOW,
                            f"{len(arr)} vectors do not fit the input queue ({len(self._inq)} "

@@ -7,6 +7,9 @@ elsewhere.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -38,9 +41,65 @@ class QuantizedBlocks(NamedTuple):
     nonfinite: np.ndarray
 
 
-def fp16_bits(x) -> np.ndarray:
-    """FP16 bit patterns (``uint16``) of ``x`` rounded to binary16 (nearest even)."""
-    return np.asarray(x, dtype=np.float16).view(np.uint16)
+#: The dtypes :func:`fp16_bits` rounds to FP16 (``float16`` is taken as it is).
+_FP16_SOURCE_FLOATS = (np.float16, np.float32, np.float64)
+_HOST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel of the first frame outside the ``host`` package."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_HOST_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def fp16_bits(x, name: str = "x") -> np.ndarray:
+    """FP16 data as bit patterns: the one conversion every host entry point uses.
+
+    Parameters
+    ----------
+    x : array_like
+        ``float16``, ``float32`` or ``float64`` values, rounded to binary16 once, to
+        nearest with ties to even (NumPy's direct cast; subnormals kept, beyond the FP16
+        range to +-inf, NaN stays NaN); or ``uint16`` FP16 bit patterns, taken as they
+        are. Lists of Python floats are ``float64``.
+    name : str
+        The argument's name, for the messages.
+
+    Returns
+    -------
+    uint16 array of the shape of ``x``, a new array (never a view of ``x``).
+
+    Raises
+    ------
+    TypeError
+        ``x`` has any other dtype: signed or other unsigned integers, bool, complex,
+        ``longdouble``, object, strings. An integer array is neither values nor bit
+        patterns unambiguously, so it is refused rather than reinterpreted.
+
+    Warns
+    -----
+    RuntimeWarning
+        when finite ``float32`` or ``float64`` values overflow to +-inf in the rounding;
+        the message names ``name`` and the count.
+    """
+    arr = np.asarray(x)
+    if arr.dtype == np.uint16:
+        return arr.copy()
+    if arr.dtype not in _FP16_SOURCE_FLOATS:
+        raise TypeError(f"{name} must be a float16, float32 or float64 array (values) or a "
+                        f"uint16 array (FP16 bit patterns), not an array of {arr.dtype}")
+    if arr.dtype == np.float16:
+        return arr.view(np.uint16).copy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        half = arr.astype(np.float16)
+    overflowed = int(np.count_nonzero(np.isinf(half) & np.isfinite(arr)))
+    if overflowed:
+        warnings.warn(f"{name}: {overflowed} finite value{'s' if overflowed > 1 else ''} "
+                      f"beyond the FP16 range (magnitude 65520 or more) rounded to +-inf in "
+                      f"the conversion to FP16", RuntimeWarning, stacklevel=_stacklevel())
+    return half.view(np.uint16)
 
 
 def fp16_from_bits(bits) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 
 from host.spec import protocol as p
 from host.spec.isa import ErrorCode, Space
+from host.numerics.mvm import fp16_bits
 from host.runtime.progress import Progress
 from host.spec.formats import check_int
 from host.spec.protocol import FrameError, Opcode, Status
@@ -365,13 +366,13 @@ class Device:
     # --- memories ------------------------------------------------------------------------
 
     def _vectors(self, name: str, data) -> np.ndarray:
-        arr = np.asarray(data)
-        if arr.dtype == np.float16:
-            arr = arr.view(np.uint16)
+        """``data`` as FP16 bits ``(count >= 1, n)``: uint16 taken as bits, floats rounded
+        to nearest even (``host.numerics.mvm.fp16_bits``: TypeError for other dtypes)."""
+        arr = fp16_bits(data, name)
         n = self.config.n
-        if arr.dtype != np.uint16 or arr.ndim != 2 or arr.shape[1] != n or not len(arr):
-            raise ValueError(f"{name} must be a uint16 (FP16 bits) or float16 array of shape "
-                             f"(count >= 1, {n}), not {arr.dtype} {arr.shape}")
+        if arr.ndim != 2 or arr.shape[1] != n or not len(arr):
+            raise ValueError(f"{name} must be native vectors of shape (count >= 1, {n}), not "
+                             f"{arr.dtype} {arr.shape}")
         return arr
 
     def _chunks(self, total: int, per: int):
@@ -487,10 +488,15 @@ class Device:
         return p.bytes_to_vectors(b"".join(bodies), self.config.n)
 
     def push_input(self, vectors) -> None:
-        """Append native vectors (uint16 or float16 ``(k, n)``) to the input queue.
+        """Append native vectors ``(k, n)`` to the input queue: uint16 FP16 bit patterns, or
+        float16/32/64 values rounded to FP16 (nearest even), as ``NpuModel.push_input``.
 
         Raises
         ------
+        TypeError
+            for another dtype (nothing sent).
+        ValueError
+            for another shape (nothing sent).
         DeviceError
             QUEUE_FULL (that frame not queued), DEVICE_ERROR while the error flag is set.
         """

@@ -177,11 +177,11 @@ def test_jobs_of_another_size_are_refused_before_anything_runs(mlp, capsys, monk
     x = np.concatenate([x[:, :k - drop], np.zeros((len(x), extra, x.shape[2]), x.dtype)], 1)
     np.save(tmp / "wrong.npy", x)
     _no_device(monkeypatch)
-    assert main(["run", str(tmp / "mlp.npz"), str(tmp / "wrong.npy"), "-o",
-                 str(tmp / "y.npy")]) == 2
+    out = tmp / f"y_wrong_{drop}_{extra}.npy"
+    assert main(["run", str(tmp / "mlp.npz"), str(tmp / "wrong.npy"), "-o", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"each job has {k - drop + extra} input vectors; the image takes {k}" in err
-    assert not (tmp / "y.npy").exists()
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("content, says", [

@@ -165,8 +165,8 @@ def test_refusals_say_what_was_wrong(device):
     assert exc.value.error is ErrorCode.MRF_WORD
     with pytest.raises(ValueError, match=r"shape \(count >= 1, 4\)"):
         dev.write(Space.IVRF, 0, np.zeros((2, 5), np.uint16))
-    with pytest.raises(ValueError, match="float16 array"):
-        dev.push_input(np.zeros((2, 4), np.float32))     # rounding is the caller's choice
+    with pytest.raises(TypeError, match="vectors must be a float16, float32 or float64 array"):
+        dev.push_input(np.zeros((2, 4), np.int32))       # not silently taken as bits
     assert dev.error is ErrorCode.NONE
 
 

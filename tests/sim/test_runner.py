@@ -34,7 +34,7 @@ def test_failed_tests_long_message_is_cut(tmp_path):
 def test_design_text_ignores_source_locations():
     from amaranth.back import verilog
 
-    from tests.test_smoke_sim import SmokeAdder
+    from tests.sim.test_smoke_sim import SmokeAdder
 
     text = verilog.convert(SmokeAdder(8), name="smoke")
     assert '(* src = "' in text
@@ -51,7 +51,7 @@ def test_conversion_is_cached_per_design(tmp_path, monkeypatch):
     from amaranth.back import verilog
 
     import sim.runner
-    from tests.test_smoke_sim import SmokeAdder
+    from tests.sim.test_smoke_sim import SmokeAdder
 
     monkeypatch.setattr(sim.runner, "BUILD_ROOT", tmp_path)
     extra = tmp_path / "extra_source.py"
