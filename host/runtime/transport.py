@@ -33,7 +33,7 @@ DEFAULT_BAUDRATE = 115200
 ENTRY_POINT_GROUP = "bfp_npu.transports"
 
 #: What :func:`connect` accepts of the built-in kinds, for messages and ``--help``.
-DEVICE_CHOICES = ("model", "model:KEY=VALUE,...", "serial:PORT[@BAUD]")
+DEVICE_CHOICES = ("model", "model:[PRESET,]KEY=VALUE,...", "serial:PORT[@BAUD]")
 
 
 class TransportError(OSError):
@@ -226,19 +226,6 @@ class SerialTransport(Transport):
                 self._serial = None
 
 
-def _parse_model_options(text: str) -> dict:
-    options = {}
-    for item in filter(None, text.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"model option {item!r} is not KEY=VALUE")
-        try:
-            options[key] = int(value, 0)
-        except ValueError:
-            raise ValueError(f"model option {key}={value!r} is not an integer") from None
-    return options
-
-
 _REGISTERED: dict = {}
 
 
@@ -276,7 +263,8 @@ def connect(device: str) -> Transport:
     """Open a transport from a device string.
 
     ``"model"``: the reference model with the default build parameters;
-    ``"model:n=32,tiles=4"``: with those ``NpuConfig`` parameters;
+    ``"model:n=32,tiles=4"``, ``"model:ulx3s"``: that build (``host.spec.config.parse_config``:
+    a preset name and ``KEY=VALUE`` fields);
     ``"serial:PORT"`` or ``"serial:PORT@BAUD"``: a serial port;
     ``"KIND"`` or ``"KIND:OPTIONS"``: a kind from the registry (:func:`transport_kinds`),
     such as ``"sim:n=8,tiles=1,simulator=icarus"``, the simulated board that ``sim``
@@ -293,10 +281,10 @@ def connect(device: str) -> Transport:
     kind, _, rest = device.partition(":")
     choices = device_choices()
     if kind == "model":
-        from host.spec.config import NpuConfig
+        from host.spec.config import parse_config
         try:
-            config = NpuConfig(**_parse_model_options(rest))
-        except TypeError as exc:
+            config = parse_config(rest)
+        except ValueError as exc:
             raise ValueError(f"bad model option in {device!r}: {exc}") from None
         return ModelTransport(config=config)
     if kind == "serial":

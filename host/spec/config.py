@@ -255,3 +255,75 @@ class NpuConfig(MvmConfig):
     def max_elements(self) -> int:
         """Largest ROWS value: ``max_length * n``."""
         return self.max_length * self.n
+
+
+#: Named build configurations: ``default`` is ``NpuConfig()``; ``ulx3s`` is what
+#: ``make bitstream`` builds for the ULX3S-85F by default (N = 4, T = 1, every other field
+#: the default). :func:`parse_config` takes their names.
+PRESETS = {
+    "default": {},
+    "ulx3s": {"n": 4, "tiles": 1},
+}
+
+
+def preset(name: str) -> NpuConfig:
+    """The build of preset ``name`` (a key of :data:`PRESETS`).
+
+    Raises
+    ------
+    ValueError
+        for an unknown name (the message lists the presets).
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown build preset {name!r}; choose one of: "
+                         f"{', '.join(PRESETS)}")
+    return NpuConfig(**PRESETS[name])
+
+
+def parse_config(text: str, base: str = "default") -> NpuConfig:
+    """A build from its text form, the one parser of every command that takes a build.
+
+    ``text`` is a comma-separated list: optionally first a preset name (a key of
+    :data:`PRESETS`, default ``base``), then ``KEY=VALUE`` items that replace fields of
+    that preset. Integer fields take decimal or ``0x`` values; ``unary_ops`` takes op names
+    joined by ``+`` (``unary_ops=relu+sigmoid``). Examples: ``""`` (the ``base`` preset),
+    ``"ulx3s"``, ``"n=8,tiles=1"``, ``"ulx3s,mrf_depth=1024"``.
+
+    Raises
+    ------
+    ValueError
+        naming the item: an unknown preset or field, a malformed item or value, or a build
+        that :class:`NpuConfig` refuses (its message names the field).
+    """
+    from host.spec.ops import parse_ops
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    name = base
+    if items and "=" not in items[0]:
+        name = items.pop(0)
+    fields_ = dict(PRESETS[name]) if name in PRESETS else None
+    if fields_ is None:
+        raise ValueError(f"unknown build preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    known = {f.name for f in fields(NpuConfig)}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ValueError(f"build item {item!r} is not KEY=VALUE (a preset name may only "
+                             f"come first)")
+        if key not in known:
+            raise ValueError(f"{key!r} is not a build field; the fields are: "
+                             f"{', '.join(sorted(known))}")
+        if key == "unary_ops":
+            try:
+                fields_[key] = parse_ops([op for op in value.split("+") if op])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"unary_ops={value!r}: {exc}") from None
+            continue
+        try:
+            fields_[key] = int(value, 0)
+        except ValueError:
+            raise ValueError(f"{key} must be an integer, not {value!r}") from None
+    try:
+        return NpuConfig(**fields_)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None

@@ -16,7 +16,7 @@ from amaranth.hdl import Elaboratable, Module
 from amaranth.lib import fifo, io, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from host.spec.config import NpuConfig
+from host.spec.config import PRESETS, NpuConfig, parse_config
 from host.spec.formats import check_int
 from host.spec.protocol import TRUNCATE_TIMEOUT
 
@@ -190,7 +190,8 @@ class ULX3STop(Elaboratable):
 #: N = 4, T = 1, every other field ``NpuConfig``'s default. It uses 67 % of the
 #: LFE5U-85F's logic; N = 8, T = 1 with the other defaults needs 107 % and does not fit
 #: (``docs/link-hw.md`` section 5).
-ULX3S_CONFIG = {"n": 4, "tiles": 1}
+#: The build ``make bitstream`` makes without ``--config``: preset ``ulx3s``.
+ULX3S_CONFIG = PRESETS["ulx3s"]
 
 
 def build_overrides(name):
@@ -211,35 +212,23 @@ def build_overrides(name):
 def parse_args(argv=None):
     """Command line of :func:`main`: returns ``(config, baud, build_dir)``.
 
-    ``--config`` takes ``KEY=VALUE`` pairs of integer :class:`~host.spec.config.NpuConfig`
-    fields (decimal or ``0x``), which replace those of :data:`ULX3S_CONFIG`; an unknown
-    or non-integer field, or a configuration ``NpuConfig`` refuses, exits with a message
-    that names it (``argparse`` error, status 2).
+    ``--config`` takes a build as ``host.spec.config.parse_config`` does (a preset name,
+    ``KEY=VALUE`` fields) on top of preset ``ulx3s``; a bad one exits with a message that
+    names it (``argparse`` error, status 2).
     """
     import argparse
-    import dataclasses
 
-    parser = argparse.ArgumentParser(prog="python -m hw.board.board", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hw.board", description=main.__doc__)
     parser.add_argument("--config", default="",
-                        help="NpuConfig fields, e.g. n=8,tiles=1 (default: "
-                             + ",".join(f"{k}={v}" for k, v in ULX3S_CONFIG.items()) + ")")
+                        help="build preset and/or NpuConfig fields, e.g. n=8,tiles=1 "
+                             "(default: preset ulx3s, " + ",".join(
+                                 f"{k}={v}" for k, v in ULX3S_CONFIG.items()) + ")")
     parser.add_argument("--baud", type=int, default=DEFAULT_BAUD)
     parser.add_argument("--build-dir", default="build/ulx3s")
     args = parser.parse_args(argv)
-    names = [f.name for f in dataclasses.fields(NpuConfig) if f.name != "unary_ops"]
-    fields = dict(ULX3S_CONFIG)
-    for item in filter(None, args.config.split(",")):
-        key, _, value = item.partition("=")
-        if key not in names:
-            parser.error(f"--config: {key!r} is not an integer NpuConfig field "
-                         f"({', '.join(names)})")
-        try:
-            fields[key] = int(value, 0)
-        except ValueError:
-            parser.error(f"--config: {key} must be an integer, not {value!r}")
     try:
-        config = NpuConfig(**fields)
-    except (TypeError, ValueError) as e:
+        config = parse_config(args.config, base="ulx3s")
+    except ValueError as e:
         parser.error(f"--config: {e}")
     return config, args.baud, args.build_dir
 

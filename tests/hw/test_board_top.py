@@ -81,9 +81,10 @@ def test_command_line_defaults_and_overrides():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("n=8,colour=3", "'colour' is not an integer NpuConfig field"),
-    ("unary_ops=3", "'unary_ops' is not an integer NpuConfig field"),
+    ("n=8,colour=3", "'colour' is not a build field"),
+    ("unary_ops=3", "unary_ops='3': "),
     ("n=eight", "n must be an integer, not 'eight'"),
+    ("board9", "unknown build preset 'board9'; choose one of: default, ulx3s"),
     ("n=6", "n must be a power of two, not 6"),
 ])
 def test_command_line_errors(text, message, capsys):

@@ -141,18 +141,19 @@ def test_open_errors_and_closed_transport(board):
 
 
 def test_connect_choices():
-    with pytest.raises(ValueError, match="sim option n='x' is not an integer"):
+    with pytest.raises(ValueError, match="bad sim option: n must be an integer, not 'x'"):
         connect("sim:n=x")              # refused before any simulator starts
     with pytest.raises(ValueError, match="n must be a power of two, not 12"):
         connect("sim:n=12")
     with pytest.raises(ValueError, match="unknown device 'tcp:1'; choose one of: model"):
         connect("tcp:1")
-    with pytest.raises(ValueError, match="model option 'n' is not KEY=VALUE"):
+    with pytest.raises(ValueError, match="bad model option in 'model:n': unknown build preset 'n'"):
         connect("model:n")
     with pytest.raises(ValueError, match="bad model option"):
         connect("model:bogus=1")
     with pytest.raises(ValueError, match="n must be a power of two, not 12"):
         connect("model:n=12")
+    assert connect("model:ulx3s").backend.config.n == 4          # a preset
     t = connect("model:n=8,tiles=1")
     assert isinstance(t, ModelTransport) and t.backend.config.n == 8
     assert t.backend.config.tiles == 1
