@@ -7,6 +7,7 @@
     npu [--device DEV] [--json] counters [--clear]
     npu [--device DEV] [--json] run IMAGE.npz INPUTS.npy -o OUTPUTS.npy [--window W]
                                     [--no-progress]
+    npu [--json] deps IMAGE.npz [--dot] [--registers] [--build BUILD]
 
 ``--device`` is ``model`` (the reference model in process, the default),
 ``model:KEY=VALUE,...`` (other build parameters), ``serial:PORT[@BAUD]`` or a kind from
@@ -75,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
                      help=".npy written with shape (jobs, outputs, n), float16")
     run.add_argument("--window", type=int, default=4, help="jobs in flight (default 4)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    deps = sub.add_parser("deps", parents=[common],
+                          help="the dependency graph of an image's chains (no device)")
+    deps.add_argument("image", help="network image (.npz, see docs/protocol.md)")
+    deps.add_argument("--dot", action="store_true", help="Graphviz dot instead of text")
+    deps.add_argument("--registers", action="store_true",
+                      help="also draw scalar-register edges (see docs/deps.md)")
+    deps.add_argument("--build", default=None,
+                      help="build of the program (host.spec.config.parse_config text); "
+                           "default: the image's own, else the default build")
     return parser
 
 
@@ -204,6 +214,31 @@ def _run(dev, args, image, x) -> None:
                           f"{args.output}")
 
 
+def _deps(args) -> None:
+    """``npu deps``: the image's chains and their dependencies (``docs/deps.md``); text,
+    ``--json`` or ``--dot`` on stdout. Needs no device."""
+    from host.compiler.deps import dependency_graph
+    from host.spec.config import NpuConfig, parse_config
+    if args.dot and args.json:
+        raise _UsageError("choose one of --dot and --json")
+    image = _load_image(args.image)
+    try:
+        if args.build is not None:
+            config = parse_config(args.build)
+        elif image.config:
+            config = NpuConfig(**image.config)
+        else:
+            config = NpuConfig()
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(f"bad build for {args.image}: {exc}") from None
+    try:
+        graph = dependency_graph(image.program, config, registers=args.registers)
+    except ValueError as exc:
+        raise _UsageError(f"{args.image}: {exc}") from None
+    text = graph.to_dot() if args.dot else graph.to_json() if args.json else graph.to_text()
+    print(text.rstrip("\n"))
+
+
 def main(argv=None) -> int:
     """Run the ``npu`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit
     status."""
@@ -217,6 +252,13 @@ def main(argv=None) -> int:
     if not args.timeout > 0:
         print(f"npu: error: --timeout must be positive, not {args.timeout}", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "deps":
+        try:
+            _deps(args)
+        except _UsageError as exc:
+            print(f"npu: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        return EXIT_OK
     prepared = ()
     if args.command == "run":
         try:

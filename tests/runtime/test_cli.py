@@ -108,7 +108,7 @@ def test_run_json(mlp, capsys):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--device", "sim:n", "info"], "sim option 'n' is not KEY=VALUE"),
+    (["--device", "sim:n", "info"], "bad sim option: unknown build preset 'n'"),
     (["--device", "usb:0", "info"], "unknown device 'usb:0'; choose one of"),
     (["--timeout", "0", "info"], "--timeout must be positive"),
     (["run", "missing.npz", "x16.npy", "-o", "y.npy"], "cannot load image"),
