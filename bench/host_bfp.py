@@ -2,8 +2,9 @@
 
 Everything is measured in one process on one array, best of several runs
 (``time.perf_counter``), next to a plain ``numpy.copy`` of the same array, so that the
-ratio says how far the host packer is from memory speed on this machine. MB is 10^6 bytes
-of FP32 data (input of quantize, output of dequantize).
+ratio says how far the host packer is from memory speed on this machine (reported both
+ways: time / copy time, and its inverse, the fraction of copy speed reached). MB is 10^6
+bytes of FP32 data (input of quantize, output of dequantize).
 """
 
 import platform
@@ -43,6 +44,8 @@ def run():
             record("host quantize+pack throughput", mb / t_qp, "MB/s", **cfg),
             record("host quantize+pack vs numpy.copy", t_qp / t_copy, "x",
                    ratio="quantize+pack time / numpy.copy time", **cfg),
+            record("host quantize+pack speed relative to numpy.copy", t_copy / t_qp, "x",
+                   ratio="numpy.copy time / quantize+pack time (1 = memory speed)", **cfg),
             record("host quantize throughput", mb / t_q, "MB/s", **cfg),
             record("host pack throughput", mb / t_p, "MB/s (FP32 equivalent)", **cfg),
             record("host unpack+dequantize throughput", mb / t_ud, "MB/s", **cfg),
