@@ -813,10 +813,11 @@ class NpuModel:
         c = np.arange(cols)
         slots = base + np.arange(rows)[:, None] * groups + c[None, :] // t       # (R, C)
         engines = np.broadcast_to(c % t, slots.shape)
-        codes = self._mrf_codes[engines[..., None], np.arange(n), slots[..., None]]  # R,C,n
-        mant = self._mrf_mant[engines[..., None], np.arange(n), slots[..., None]]   # R,C,n,n
-        codes_w = codes.transpose(0, 2, 1).reshape(rows * n, cols)
-        qw = mant.transpose(0, 2, 1, 3).reshape(rows * n, cols * n)
+        # Gathered in the kernel's order, the tile row's MRF row between R and C:
+        # (R, n, C) codes and (R, n, C, n) mantissas, reshaped without a copy.
+        index = (engines[:, None, :], np.arange(n)[None, :, None], slots[:, None, :])
+        codes_w = self._mrf_codes[index].reshape(rows * n, cols)
+        qw = self._mrf_mant[index].reshape(rows * n, cols * n)
         static = regs[Reg.Q_EXPONENT] if regs[Reg.Q_STATIC] else None
         res = mvm(x.reshape(-1), codes_w, qw, n=n, mantissa_bits_v=cfg.mantissa_bits_v,
                   mantissa_bits_w=cfg.mantissa_bits_w, rounding=Rounding(regs[Reg.ROUNDING]),

@@ -24,6 +24,7 @@ __all__ = [
     "QuantizedBlocks", "quantize_fp16", "fp16_bits", "fp16_from_bits",
     "fixed_to_fp16", "acc_lsb", "term_exponents", "tile_products", "accumulate",
     "NarrowCounts", "narrow_overflows", "MvmResult", "mvm",
+    "fixed_to_fp16_exact", "accumulate_exact", "narrow_overflows_exact", "mvm_exact",
 ]
 
 
@@ -181,12 +182,13 @@ def _fixed_to_fp16_one(a: int, lsb: int, away: bool, saturate: bool) -> tuple[in
     return sign | (biased << 10) | (sig - (1 << 10)), False
 
 
-def fixed_to_fp16(a, lsb_exponent: int, rounding=Rounding.NEAREST_EVEN,
-                  saturate: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def fixed_to_fp16_exact(a, lsb_exponent: int, rounding=Rounding.NEAREST_EVEN,
+                        saturate: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Convert exact integers ``a * 2**lsb_exponent`` to FP16, rounding once.
 
-    This is the MVM's BFP-long to FP16 converter. ``a`` may hold Python integers of any
-    size (``object`` arrays) or NumPy integers.
+    The executable definition of the MVM's BFP-long to FP16 converter, one element at a
+    time in Python integers; :func:`fixed_to_fp16` is the fast form, tested equal to it.
+    ``a`` may hold Python integers of any size (``object`` arrays) or NumPy integers.
 
     Parameters
     ----------
@@ -230,6 +232,7 @@ def term_exponents(codes_v, codes_w, mantissa_bits_v: int, mantissa_bits_w: int)
     """Exponent of each tile product: ``e_v[c] + e_w[i, c] - (m_v - 2) - (m_w - 2)``.
 
     ``codes_v`` is ``(C,)``, ``codes_w`` is ``(rows, C)``; returns int64 ``(rows, C)``.
+    A batch of vectors, ``codes_v`` ``(..., C)``, gives ``(..., rows, C)``.
 
     Raises ``ValueError`` if a block exponent exceeds 15, which the device rejects.
     """
@@ -239,7 +242,7 @@ def term_exponents(codes_v, codes_w, mantissa_bits_v: int, mantissa_bits_w: int)
         if e.size and e.max() > MVM_EXP_MAX:
             raise ValueError(f"{name} block exponent {int(e.max())} exceeds {MVM_EXP_MAX}, "
                              f"the largest the MVM accepts")
-    return ev[None, :] + ew - (mantissa_bits_v - 2) - (mantissa_bits_w - 2)
+    return ev[..., None, :] + ew - (mantissa_bits_v - 2) - (mantissa_bits_w - 2)
 
 
 def tile_products(qv, qw) -> np.ndarray:
@@ -255,8 +258,10 @@ def _shift_floor(d, shift):
     return np.frompyfunc(lambda v, s: v << s if s >= 0 else v >> -s, 2, 1)(d, shift)
 
 
-def accumulate(d, exps, lsb: int, axis: int = -1):
+def accumulate_exact(d, exps, lsb: int, axis: int = -1):
     """BFP-long accumulation: ``sum_c floor(d[..., c] * 2**(exps[..., c] - lsb))``.
+
+    The executable definition, in Python integers; :func:`accumulate` is the fast form.
 
     Each term is placed on the accumulator grid on its own (bits below ``2**lsb`` are
     dropped by flooring, which never happens for exponents of FP16 origin), so the exact
@@ -284,8 +289,11 @@ def _not_fit(v, k):
     return (v < -(1 << (k - 1))) | (v > (1 << (k - 1)) - 1)
 
 
-def narrow_overflows(qv, qw, exps, lsb: int, k: int) -> NarrowCounts:
+def narrow_overflows_exact(qv, qw, exps, lsb: int, k: int) -> NarrowCounts:
     """Count the narrow-accumulator events of one matrix-vector product.
+
+    The executable definition (the cross-tile sums in Python integers);
+    :func:`narrow_overflows` is the fast form, tested equal to it.
 
     Parameters
     ----------
@@ -334,10 +342,13 @@ class MvmResult(NamedTuple):
     output_saturated: int       # results clamped to +-65504
 
 
-def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
-        rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
-        narrow_width: int = 64) -> MvmResult:
-    """Reference matrix-vector product of the NPU's MVM.
+def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
+              rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
+              narrow_width: int = 64) -> MvmResult:
+    """Reference matrix-vector product of the NPU's MVM: the executable definition.
+
+    Every step in Python integers (:func:`accumulate_exact`, :func:`fixed_to_fp16_exact`,
+    :func:`narrow_overflows_exact`); :func:`mvm` is the fast form, tested equal to it.
 
     Parameters
     ----------
@@ -368,11 +379,476 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     lsb = acc_lsb(mantissa_bits_v, mantissa_bits_w)
     qw3 = np.asarray(qw, np.int64).reshape(rows, c, n)
     d = tile_products(qb.mantissas, qw3)
-    acc = accumulate(d, exps, lsb)
-    out, over = fixed_to_fp16(acc, lsb, Rounding.NEAREST_EVEN, saturate=True)
+    acc = accumulate_exact(d, exps, lsb)
+    out, over = fixed_to_fp16_exact(acc, lsb, Rounding.NEAREST_EVEN, saturate=True)
     return MvmResult(
         out_bits=out, accumulators=acc, lsb=lsb,
         vector_saturated=int(qb.saturated.sum()), vector_nonfinite=int(qb.nonfinite.sum()),
-        narrow=narrow_overflows(qb.mantissas, qw3, exps, lsb, narrow_width),
+        narrow=narrow_overflows_exact(qb.mantissas, qw3, exps, lsb, narrow_width),
         output_saturated=int(over.sum()),
     )
+
+
+# --- fast forms -------------------------------------------------------------------------
+#
+# The public kernels below compute exactly what the ``*_exact`` definitions above compute,
+# bit for bit (tests/numerics/test_fast_kernels.py), in int64 NumPy wherever a bound proved
+# in the comments allows it, and through the exact Python-integer code for the rest only.
+# docs/numerics.md ("Fast kernels") gives the argument in short.
+
+#: Largest |lsb| the int64 converter takes; beyond it (never from an MVM) the exact path.
+_LSB_FAST_MAX = 1 << 40
+_U1 = np.uint64(1)
+#: Dtypes whose magnitude bound is read off the dtype (no pass over the data).
+_DTYPE_MAG = {np.dtype(t): max(abs(int(np.iinfo(t).min)), int(np.iinfo(t).max))
+              for t in (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)}
+
+
+def _mag_bound(x: np.ndarray) -> int:
+    """An upper bound of ``|x|`` over the integer array ``x``: from its dtype when that is
+    at most 32 bits wide, from the data otherwise."""
+    bound = _DTYPE_MAG.get(x.dtype)
+    if bound is not None:
+        return bound
+    if x.size == 0:
+        return 0
+    return max(int(x.max()), -int(x.min()))
+
+
+def _bit_length_u64(mag: np.ndarray) -> np.ndarray:
+    """``int.bit_length`` of each element of a uint64 array (0 for 0), as int64."""
+    e = np.frexp(mag.astype(np.float64))[1].astype(np.int64)
+    # The float64 rounding may carry 2**b - small up to 2**b, one binade too high: then
+    # mag >> (e - 1) is 0, and e is one too large. (mag <= 2**64 - 1 gives e <= 64.)
+    high = (mag >> np.maximum(e - 1, 0).astype(np.uint64)) == 0
+    return e - (high & (e > 0))
+
+
+#: The float64 route of :func:`_i64_to_fp16`: ``|a| < 2**53`` and lsb in this range.
+_FLOAT_LSB_MIN, _FLOAT_LSB_MAX = -1022, 970
+
+
+def _i64_to_fp16(a: np.ndarray, lsb, away: bool, saturate: bool):
+    """:func:`fixed_to_fp16_exact` of int64 ``a`` with a weight ``2**lsb`` per element
+    (``lsb`` int64, broadcast to ``a``, ``|lsb| <= 2**40``); returns (bits, overflow).
+
+    Nearest-even, ``|a| < 2**53`` and ``-1022 <= lsb <= 970``: ``a`` is a float64 exactly,
+    and so is ``a * 2**lsb`` (``ldexp``; a power of two times it stays a normal float64,
+    ``2**-1022 <= |a| 2**lsb < 2**1023``), and NumPy's float64 to float16 cast rounds it
+    once, to nearest even, subnormals included, with -0 for a negative value that rounds
+    to zero and +-inf beyond 65504 (0x7C00 - 1 is 0x7BFF, the saturated code). Everything
+    else takes :func:`_i64_to_fp16_int`.
+    """
+    a = np.asarray(a, np.int64)
+    lsb = np.asarray(lsb, np.int64)
+    if away:
+        return _i64_to_fp16_int(a, lsb, away, saturate)
+    ok = (np.abs(a) < 1 << 53) & (lsb >= _FLOAT_LSB_MIN) & (lsb <= _FLOAT_LSB_MAX)
+    if ok.all():
+        return _f64_to_fp16(a, lsb, saturate)
+    lsb = np.broadcast_to(lsb, a.shape)
+    bits = np.empty(a.shape, np.uint16)
+    over = np.empty(a.shape, bool)
+    bits[ok], over[ok] = _f64_to_fp16(a[ok], lsb[ok], saturate)
+    bits[~ok], over[~ok] = _i64_to_fp16_int(a[~ok], lsb[~ok], away, saturate)
+    return bits, over
+
+
+def _f64_to_fp16(a, lsb, saturate: bool):
+    """The float64 route of :func:`_i64_to_fp16` (its conditions hold)."""
+    with np.errstate(over="ignore"):
+        half = np.ldexp(a.astype(np.float64), lsb).astype(np.float16)
+    bits = np.array(half.view(np.uint16))
+    over = (bits & 0x7FFF) == 0x7C00
+    if saturate:
+        bits[over] -= 1
+    return bits, over
+
+
+def _i64_to_fp16_int(a: np.ndarray, lsb, away: bool, saturate: bool):
+    """:func:`fixed_to_fp16_exact` of int64 ``a`` (the whole int64 range) with a weight
+    ``2**lsb`` per element (``lsb`` int64, broadcast to ``a``, ``|lsb| <= 2**40``).
+
+    The steps are those of ``_fixed_to_fp16_one``, elementwise. The magnitude is uint64
+    (``|int64 min| = 2**63`` fits); every left shift is by ``10 - (bit_length - 1)`` or
+    less, so the significand stays below ``2**11``; right shifts of 64 or more, which
+    NumPy does not define, are handled apart: they leave 0 and round up only on the tie
+    ``mag == 2**63``, shift 64, nearest-away.
+    """
+    a = np.asarray(a, np.int64)
+    lsb = np.asarray(lsb, np.int64)
+    neg = a < 0
+    mag = np.abs(a).astype(np.uint64)             # int64 min -> 2**63, exactly
+    top = _bit_length_u64(mag) - 1 + lsb           # floor(log2(|value|)) where a != 0
+    quantum = np.maximum(top - 10, -24)
+    shift = quantum - lsb
+    right = np.clip(shift, 0, 63).astype(np.uint64)
+    left = np.clip(-shift, 0, 63).astype(np.uint64)
+    sig = np.where(shift <= 0, mag << left, mag >> right)
+    sig[shift >= 64] = 0
+    rest = mag & ((_U1 << right) - _U1)
+    half = _U1 << (np.maximum(right, _U1) - _U1)
+    tie_up = True if away else (sig & _U1) == _U1
+    up = (shift > 0) & (shift < 64) & ((rest > half) | ((rest == half) & tie_up))
+    if away:
+        up |= (shift == 64) & (mag == np.uint64(1 << 63))
+    sig = (sig + up).astype(np.int64)
+    carry = sig == 1 << 11                       # rounding carried into a new binade
+    sig[carry] = 1 << 10
+    quantum = quantum + carry
+    normal = sig >= 1 << 10                      # else subnormal (quantum -24) or zero
+    biased = quantum + 25
+    over = normal & (biased >= 31)
+    bits = np.where(normal, (np.minimum(biased, 31) << 10) | (sig - (1 << 10)), sig)
+    bits[over] = FP16_MAX_BITS if saturate else 0x7C00
+    bits |= np.where(neg, 0x8000, 0)
+    return bits.astype(np.uint16), over
+
+
+def fixed_to_fp16(a, lsb_exponent: int, rounding=Rounding.NEAREST_EVEN,
+                  saturate: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Convert exact integers ``a * 2**lsb_exponent`` to FP16, rounding once.
+
+    This is the MVM's BFP-long to FP16 converter, vectorized: integers in the int64
+    range take an int64 path, larger Python integers (``object`` arrays) the exact
+    per-element definition :func:`fixed_to_fp16_exact`, which this equals bit for bit.
+
+    Parameters
+    ----------
+    a : integer array (NumPy integers, or Python integers of any size in an ``object``
+        array)
+    lsb_exponent : int
+        Weight of the least significant bit of ``a``.
+    rounding : Rounding
+        The MVM uses nearest-even; nearest-away is offered for conformance tests.
+    saturate : bool
+        True (the MVM): results beyond the FP16 range become +-65504. False: +-inf (IEEE).
+
+    Returns
+    -------
+    bits : uint16 array, FP16 patterns. Zero is +0; a negative value that rounds to zero
+        is -0, as in IEEE 754.
+    overflow : bool array, True where the rounded magnitude exceeded 65504.
+    """
+    away = Rounding.parse(rounding) is Rounding.NEAREST_AWAY
+    lsb = int(lsb_exponent)
+    arr = np.asarray(a)
+    if abs(lsb) > _LSB_FAST_MAX or not (arr.dtype.kind in "biu" or arr.dtype == object):
+        return fixed_to_fp16_exact(a, lsb, rounding, saturate)
+    if arr.dtype.kind in "bi" or (arr.dtype.kind == "u" and arr.dtype.itemsize < 8):
+        return _i64_to_fp16(arr.astype(np.int64), lsb, away, saturate)
+    flat = arr.reshape(-1)
+    # object or uint64: the elements in the int64 range go the fast way
+    fits = ((flat >= -(1 << 63)) & (flat < 1 << 63)).astype(bool)
+    out = np.empty(flat.shape, np.uint16)
+    over = np.empty(flat.shape, bool)
+    out[fits], over[fits] = _i64_to_fp16(flat[fits].astype(np.int64), lsb, away, saturate)
+    if not fits.all():
+        out[~fits], over[~fits] = fixed_to_fp16_exact(flat[~fits], lsb, rounding, saturate)
+    return out.reshape(arr.shape), over.reshape(arr.shape)
+
+
+# BFP-long accumulation in int64.
+#
+# Row r holds terms floor(d_c * 2**sh_c), sh_c = E_c - L, of which those with d_c != 0
+# matter. Let s = min sh_c over them and spread = max sh_c - s. When s >= 0 (every shift
+# is a left shift, so nothing is floored) every term is d_c * 2**(sh_c - s) * 2**s, and
+#     |sum over any subset of the C terms| <= C * max|d| * 2**spread
+#                                          < 2**(ceil(log2 C) + bitlen(max|d|) + spread).
+# The row is *fast* when that exponent is at most 62 (_FAST_BITS): then the terms, every
+# partial sum and the total fit int64 with room to spare, and A = a * 2**s with
+# a = sum_c d_c << (sh_c - s) computed in int64 is exact. Other rows (a spread too wide,
+# e.g. x = w = [60000 x4 | 2**-24]; or a floored term, from an exponent below -24) take
+# the exact Python-integer path, those rows only.
+_FAST_BITS = 62
+
+
+def _fast_rows(d: np.ndarray, sh: np.ndarray):
+    """Classify and accumulate rows: ``d`` int64 ``(..., C)`` tile products, ``sh``
+    int64 ``(..., C)`` = ``E - L``.
+
+    Returns ``(terms, a, s, fast, nz)``: ``terms`` int64 ``(..., C)`` the row's terms in
+    units of ``2**s`` (fast rows only; 0 where ``d`` is 0), ``a`` their sum, ``s`` int64
+    ``(...)``, ``fast`` bool ``(...)`` (see the bound above), ``nz = d != 0``.
+    """
+    c = d.shape[-1]
+    nz = d != 0
+    any_nz = nz.any(-1)
+    big = np.int64(1 << 62)
+    shmin = np.where(nz, sh, big).min(-1) if c else np.zeros(d.shape[:-1], np.int64)
+    shmax = np.where(nz, sh, -big).max(-1) if c else shmin
+    dbits = _mag_bound(d).bit_length()
+    budget = _FAST_BITS - dbits - (c - 1).bit_length() if c else 0
+    fast = ~any_nz | ((shmin >= 0) & (shmax - shmin <= budget))
+    if fast.all():
+        s = np.where(any_nz, shmin, 0)
+        shifts = np.where(nz, sh - s[..., None], 0)                 # 0..budget <= 62
+        terms = d << shifts
+    else:
+        s = np.where(any_nz & fast, shmin, 0)
+        shifts = np.where(nz & fast[..., None], sh - s[..., None], 0)
+        terms = np.where(fast[..., None], d << shifts, 0)
+    return terms, terms.sum(-1), s, fast, nz
+
+
+def _as_accumulators(a, s, fast, d, exps, lsb):
+    """The exact accumulators ``(...)`` (object): ``a << s`` on fast rows, the exact sum
+    on the others."""
+    if fast.all():
+        return np.left_shift(a.astype(object), s.astype(object))
+    acc = np.empty(a.shape, object)
+    acc[fast] = np.left_shift(a[fast].astype(object), s[fast].astype(object))
+    slow = ~fast
+    if slow.any():
+        acc[slow] = accumulate_exact(d[slow], exps[slow], lsb)
+    return acc
+
+
+def accumulate(d, exps, lsb: int, axis: int = -1):
+    """BFP-long accumulation: ``sum_c floor(d[..., c] * 2**(exps[..., c] - lsb))``.
+
+    Each term is placed on the accumulator grid on its own (bits below ``2**lsb`` are
+    dropped by flooring, which never happens for exponents of FP16 origin), so the exact
+    integer sum does not depend on the order of the terms or the number of tile engines.
+    Returns Python integers (``object`` array), in units of ``2**lsb``.
+
+    Rows whose terms provably fit int64 are summed in int64 (see the bound in the source);
+    the others, and tile products beyond int64, take :func:`accumulate_exact`, which this
+    equals.
+    """
+    lsb = int(lsb)
+    darr = np.asarray(d)
+    if darr.dtype == object or darr.dtype.kind == "u" and darr.dtype.itemsize == 8:
+        try:
+            darr = darr.astype(np.int64)
+        except OverflowError:
+            return accumulate_exact(d, exps, lsb, axis)
+    if darr.dtype.kind not in "bi" and darr.dtype.kind != "u" or abs(lsb) > _LSB_FAST_MAX:
+        return accumulate_exact(d, exps, lsb, axis)
+    e = np.asarray(exps, np.int64)
+    darr, e = np.broadcast_arrays(darr.astype(np.int64), e)
+    darr, e = np.moveaxis(darr, axis, -1), np.moveaxis(e, axis, -1)
+    if darr.shape[-1] == 0:
+        return np.zeros(darr.shape[:-1], object)
+    shape = darr.shape[:-1]
+    d2 = darr.reshape(-1, darr.shape[-1])
+    e2 = e.reshape(d2.shape)
+    _, a, s, fast, _ = _fast_rows(d2, e2 - lsb)
+    return _as_accumulators(a, s, fast, d2, e2, lsb).reshape(shape)
+
+
+def _tree_counts(qv, qw, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Products and adder-tree events per job: ``qv`` ``(B, C, N)``, ``qw``
+    ``(rows, C, N)``; int64 ``(B,)`` each.
+
+    Every product is at most ``P = max|qv| * max|qw|`` in magnitude and every tree node,
+    a sum of at most N products, at most ``N * P``: when ``N * P <= 2**(k-1) - 1`` no
+    value can fail to fit and nothing is computed (always so at k = 64 for mantissas of
+    16 bits or fewer, ``N <= 2**32``). Otherwise the values are formed in int64 as in
+    :func:`narrow_overflows_exact`, a chunk of jobs at a time.
+    """
+    b, _, n = qv.shape
+    products = np.zeros(b, np.int64)
+    tree = np.zeros(b, np.int64)
+    if n * _mag_bound(qv) * _mag_bound(qw) <= (1 << (k - 1)) - 1:
+        return products, tree
+    qv64, qw64 = qv.astype(np.int64), qw.astype(np.int64)
+    step = max(1, (1 << 22) // max(1, qw.size))
+    for j in range(0, b, step):
+        level = qw64[None] * qv64[j:j + step, None]          # (b', rows, C, N)
+        products[j:j + step] = _not_fit(level, k).sum(axis=(1, 2, 3))
+        while level.shape[-1] > 1:
+            level = level[..., 0::2] + level[..., 1::2]
+            tree[j:j + step] += _not_fit(level, k).sum(axis=(1, 2, 3))
+    return products, tree
+
+
+def _cross_exact_rows(d, sh, k: int) -> np.ndarray:
+    """Cross-tile events of rows ``d``, ``sh`` ``(rows, C)`` in Python integers (the
+    definition of :func:`narrow_overflows_exact`), per row."""
+    if d.shape[-1] < 2:
+        return np.zeros(d.shape[0], np.int64)
+    terms = _shift_floor(d.astype(object), sh.astype(object))
+    running = np.cumsum(terms, axis=1)
+    units = _shift_floor(running, (-sh).astype(object))
+    return (_not_fit(units[:, 1:], k) & (d[:, 1:] != 0)).sum(axis=1).astype(np.int64)
+
+
+def _cross_counts(terms, s, fast, nz, d, sh, k: int) -> np.ndarray:
+    """Cross-tile events per row ``(...)`` (rule 3 of ``docs/numerics.md`` section 5).
+
+    On a fast row the running sum after tile c is ``A^(c) = a^(c) * 2**s`` with
+    ``a^(c)`` the int64 cumulative sum of ``terms`` and ``|a^(c)| < 2**62`` (the bound
+    of :func:`_fast_rows`). In units of a non-zero tile's exponent it is
+    ``floor(a^(c) * 2**(s - sh_c))`` with ``sh_c >= s``: an arithmetic right shift by
+    ``sh_c - s <= 62``, whose magnitude is at most ``|a^(c)| < 2**62``. So at k = 64 no
+    fast row can have a cross-tile event, and they are not computed; below 64 they are
+    computed in int64 as above. Rows that are not fast take :func:`_cross_exact_rows`.
+    """
+    count = np.zeros(fast.shape, np.int64)
+    if d.shape[-1] < 2:
+        return count
+    if k < 64:
+        running = np.cumsum(terms[..., 1:], axis=-1) + terms[..., :1]
+        down = np.where(nz[..., 1:] & fast[..., None], sh[..., 1:] - s[..., None], 0)
+        units = running >> down
+        hit = _not_fit(units, k) & nz[..., 1:] & fast[..., None]
+        count += hit.sum(-1)
+    slow = ~fast
+    if slow.any():
+        count[slow] = _cross_exact_rows(d[slow], sh[slow], k)
+    return count
+
+
+def narrow_overflows(qv, qw, exps, lsb: int, k: int) -> NarrowCounts:
+    """Count the narrow-accumulator events of one matrix-vector product.
+
+    Parameters
+    ----------
+    qv : ``(C, N)`` vector mantissas, N a power of two.
+    qw : ``(rows, C, N)`` weight mantissas.
+    exps : ``(rows, C)`` tile product exponents (:func:`term_exponents`).
+    lsb : accumulator LSB exponent (:func:`acc_lsb`).
+    k : check width, 1..64.
+
+    Events (``docs/numerics.md``): every mantissa product; every node of the balanced
+    pairwise adder tree over lanes 0..N-1 (N-1 nodes, the root included); and, in logical
+    column-tile order, every accumulator value after adding a tile ``j >= 1`` whose tile
+    product is non-zero, taken in units of that tile's product exponent (floored).
+
+    The fast form of :func:`narrow_overflows_exact` (equal to it): no work for the values
+    that provably fit (all of them at k = 64 unless a row's exponents spread too widely),
+    int64 NumPy for the others, Python integers only for rows beyond the int64 bound.
+    """
+    k = check_int("k", k, 1, 64)
+    qv = np.asarray(qv)
+    qw = np.asarray(qw)
+    n = qv.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"N must be a power of two for the adder tree, not {n}")
+    lsb = int(lsb)
+    if (abs(lsb) > _LSB_FAST_MAX or qv.dtype.kind not in "biu" or qw.dtype.kind not in "biu"
+            or n * _mag_bound(qv) * _mag_bound(qw) >= 1 << 62):
+        return narrow_overflows_exact(qv, qw, exps, lsb, k)
+    products, tree = _tree_counts(qv[None], qw, k)
+    d = tile_products(qv, qw)
+    sh = np.asarray(exps, np.int64) - lsb
+    terms, _, s, fast, nz = _fast_rows(d, sh)
+    cross = _cross_counts(terms, s, fast, nz, d, sh, k)
+    return NarrowCounts(int(products[0]), int(tree[0]), int(cross.sum()))
+
+
+def _tile_products_batch(qv, qw) -> np.ndarray:
+    """``d[b, i, c] = sum_j qv[b, c, j] * qw[i, c, j]`` exactly, int64 ``(B, rows, C)``.
+
+    Through a float64 matrix product when every product and partial sum is an integer
+    below ``2**53`` (``N * max|qv| * max|qw| < 2**53``; any summation order is then exact,
+    fused multiply-adds included), else through int64 ``einsum``.
+    """
+    n = qv.shape[-1]
+    if n * _mag_bound(qv) * _mag_bound(qw) < 1 << 53:
+        # (C, rows, N) @ (C, N, B) -> (C, rows, B)
+        prod = np.matmul(qw.transpose(1, 0, 2).astype(np.float64),
+                         qv.transpose(1, 2, 0).astype(np.float64))
+        return prod.transpose(2, 1, 0).astype(np.int64)
+    return np.einsum("bcj,icj->bic", qv.astype(np.int64), qw.astype(np.int64))
+
+
+def _stack_results(results, batch) -> MvmResult:
+    """One batched :class:`MvmResult` of the results of single vectors."""
+    def stack(values, dtype=None):
+        return np.array(values, dtype).reshape(batch + np.shape(values[0]))
+    return MvmResult(
+        out_bits=stack([r.out_bits for r in results], np.uint16),
+        accumulators=stack([r.accumulators for r in results], object),
+        lsb=results[0].lsb,
+        vector_saturated=stack([r.vector_saturated for r in results], np.int64),
+        vector_nonfinite=stack([r.vector_nonfinite for r in results], np.int64),
+        narrow=NarrowCounts(*(stack([r.narrow[i] for r in results], np.int64)
+                              for i in range(3))),
+        output_saturated=stack([r.output_saturated for r in results], np.int64))
+
+
+def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
+        rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
+        narrow_width: int = 64) -> MvmResult:
+    """Matrix-vector product of the NPU's MVM, bit-exact (the fast form of
+    :func:`mvm_exact`, equal to it in every output, accumulator and count).
+
+    Parameters
+    ----------
+    x_bits : uint16 ``(cols,)`` FP16 input vector (logical length), or a batch of
+        vectors ``(..., cols)``, each its own product with the same matrix.
+    codes_w : uint8 ``(rows, C)`` weight exponent codes, one per tile row.
+    qw : int ``(rows, C * n)`` weight mantissas (zero in the column padding).
+        ``codes_w`` and ``qw`` are what the MRF holds: the weight matrix quantized along
+        its rows in blocks of ``n`` (``host.numerics.bfp.quantize`` or the matrix quantizer).
+    n : native dimension; the vector is zero padded to ``C * n`` and quantized per
+        native vector with the given rounding and static exponent.
+
+    Returns
+    -------
+    MvmResult
+        For a batch ``(..., cols)``: ``out_bits`` and ``accumulators`` are ``(..., rows)``
+        and every count (the three of ``narrow`` included) an int64 array ``(...)``, one
+        per vector.
+    """
+    x_bits = np.asarray(x_bits, np.uint16)
+    if x_bits.ndim == 0:
+        raise ValueError("x_bits must have at least one axis")
+    qw = np.asarray(qw)
+    rows, width = qw.shape
+    c = width // n
+    if width != c * n or np.shape(codes_w) != (rows, c):
+        raise ValueError(f"qw {np.shape(qw)} and codes_w {np.shape(codes_w)} do not hold "
+                         f"{c} blocks of {n} per row")
+    if x_bits.shape[-1] > width:
+        raise ValueError(f"x has {x_bits.shape[-1]} elements but the matrix has {width} "
+                         f"columns")
+    k = check_int("k", narrow_width, 1, 64)
+    batch = x_bits.shape[:-1]
+    xv = np.zeros((int(np.prod(batch)), c * n), np.uint16)
+    xv[:, :x_bits.shape[-1]] = x_bits.reshape(-1, x_bits.shape[-1])
+    xv = xv.reshape(-1, c, n)
+    qb = quantize_fp16(xv, mantissa_bits_v, rounding, static_exponent_code)
+    exps = term_exponents(qb.exponent_codes, codes_w, mantissa_bits_v, mantissa_bits_w)
+    lsb = acc_lsb(mantissa_bits_v, mantissa_bits_w)
+    qw3 = qw.reshape(rows, c, n)
+    if qw3.dtype.kind not in "biu" or n * _mag_bound(qb.mantissas) * _mag_bound(qw3) >= 1 << 62:
+        # Weight "mantissas" far beyond 16 bits (not what an MRF holds): the definition.
+        kw = dict(n=n, mantissa_bits_v=mantissa_bits_v, mantissa_bits_w=mantissa_bits_w,
+                  rounding=rounding, static_exponent_code=static_exponent_code,
+                  narrow_width=narrow_width)
+        if batch == ():
+            return mvm_exact(x_bits, codes_w, qw, **kw)
+        return _stack_results([mvm_exact(x, codes_w, qw, **kw)
+                               for x in x_bits.reshape(-1, x_bits.shape[-1])], batch)
+    d = _tile_products_batch(qb.mantissas, qw3)                  # (B, rows, C)
+    sh = exps - lsb
+    terms, a, s, fast, nz = _fast_rows(d, sh)
+    acc = _as_accumulators(a, s, fast, d, exps, lsb)
+    slow = ~fast
+    if not slow.any():
+        out, over = _i64_to_fp16(a, lsb + s, False, True)
+    else:
+        out = np.empty(a.shape, np.uint16)
+        over = np.empty(a.shape, bool)
+        out[fast], over[fast] = _i64_to_fp16(a[fast], lsb + s[fast], False, True)
+        out[slow], over[slow] = fixed_to_fp16_exact(acc[slow], lsb, Rounding.NEAREST_EVEN,
+                                                    saturate=True)
+    products, tree = _tree_counts(qb.mantissas, qw3, k)
+    cross = _cross_counts(terms, s, fast, nz, d, sh, k).sum(-1)
+    if batch == ():
+        return MvmResult(
+            out_bits=out[0], accumulators=acc[0], lsb=lsb,
+            vector_saturated=int(qb.saturated.sum()),
+            vector_nonfinite=int(qb.nonfinite.sum()),
+            narrow=NarrowCounts(int(products[0]), int(tree[0]), int(cross[0])),
+            output_saturated=int(over.sum()))
+    return MvmResult(
+        out_bits=out.reshape(batch + (rows,)), accumulators=acc.reshape(batch + (rows,)),
+        lsb=lsb, vector_saturated=qb.saturated.sum(-1).reshape(batch),
+        vector_nonfinite=qb.nonfinite.sum(-1).reshape(batch),
+        narrow=NarrowCounts(products.reshape(batch), tree.reshape(batch),
+                            cross.reshape(batch)),
+        output_saturated=over.sum(-1).reshape(batch))

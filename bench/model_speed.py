@@ -1,0 +1,112 @@
+"""Speed of the bit-exact reference model against plain float32 NumPy.
+
+The LSTM of :mod:`bench.lstm` (input and hidden 256, batch 1, :data:`bench.lstm.STEPS`
+steps, :func:`host.compiler.programs.lstm_sequence` on the N = 16, T = 2 build
+:func:`bench.lstm.lstm_config`) is run on :class:`host.model.core.NpuModel`, and the same
+LSTM is run written in float32 NumPy, in the same process. Record:
+
+* ``model vs float32 numpy, LSTM 256, batch 1``: the best time of ``NpuModel.run`` (the
+  image, program and inputs are loaded before the clock starts, for every repeat) over the
+  best time of the float32 NumPy LSTM, a ratio (``x``). The config holds both times.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import numpy as np
+
+from bench import best_time, record
+
+__all__ = ["numpy_lstm", "model_lstm", "run"]
+
+REPEATS = 5
+
+
+def _f16(rng, *shape):
+    """FP16 values with unit variance after a product over the last axis."""
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
+
+
+def _weights(rng, x_len, h_len):
+    w = {f"W_{g}": _f16(rng, h_len, x_len) for g in "fioc"}
+    w |= {f"U_{g}": _f16(rng, h_len, h_len) for g in "fioc"}
+    return w | {f"b_{g}": _f16(rng, h_len) for g in "fioc"}
+
+
+def _sigmoid(v):
+    return np.float32(1) / (np.float32(1) + np.exp(-v))
+
+
+def numpy_lstm(w, xs, h0, c0):
+    """The LSTM of ``lstm_sequence`` in float32 NumPy (matrices per gate, as the NPU has
+    them); ``w`` and the vectors are float32 already. Returns every step's ``h``
+    ``(steps, H)``."""
+    f32 = w
+    h, c = h0, c0
+    out = []
+    for x in xs:
+        f = _sigmoid(f32["W_f"] @ x + f32["b_f"] + f32["U_f"] @ h)
+        i = _sigmoid(f32["W_i"] @ x + f32["b_i"] + f32["U_i"] @ h)
+        g = np.tanh(f32["W_c"] @ x + f32["b_c"] + f32["U_c"] @ h)
+        o = _sigmoid(f32["W_o"] @ x + f32["b_o"] + f32["U_o"] @ h)
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        out.append(h)
+    return np.stack(out)
+
+
+def model_lstm(seed: int = 1):
+    """``(prepare, w, xs, h0, c0)``: ``prepare()`` returns an ``NpuModel`` with the LSTM
+    program loaded, ready to ``run``."""
+    from bench.lstm import HIDDEN, INPUT, STEPS, lstm_config
+    from host.compiler.programs import lstm_sequence
+    from host.model.core import NpuModel
+
+    cfg = lstm_config()
+    rng = np.random.default_rng(seed)
+    w = _weights(rng, INPUT, HIDDEN)
+    xs, h0, c0 = _f16(rng, STEPS, INPUT), _f16(rng, HIDDEN), _f16(rng, HIDDEN)
+    prog = lstm_sequence(cfg, w, xs, h0, c0)
+
+    def prepare():
+        model = NpuModel(cfg)
+        prog.load(model)
+        return model
+
+    return prepare, prog, w, xs, h0, c0
+
+
+def run():
+    """NpuModel.run of the LSTM 256/256 over the same LSTM in float32 NumPy (time ratio)."""
+    from bench.lstm import HIDDEN, INPUT, N, STEPS, TILES
+
+    prepare, prog, w, xs, h0, c0 = model_lstm()
+    model_best = float("inf")
+    for k in range(REPEATS + 1):            # the first run is a warm-up
+        model = prepare()
+        start = time.perf_counter()
+        result = model.run()
+        elapsed = time.perf_counter() - start
+        if not result.ok:
+            raise RuntimeError(f"the model refused the LSTM: {result.message}")
+        if k:
+            model_best = min(model_best, elapsed)
+    # The model's h against float32 (a sanity check that both compute the same LSTM).
+    h_model = model.pop_output(model.output_level).view(np.float16).astype(np.float32)
+    w32 = {k: v.astype(np.float32) for k, v in w.items()}
+    xs32, h32, c32 = (v.astype(np.float32) for v in (xs, h0, c0))
+    h_ref = numpy_lstm(w32, xs32, h32, c32)
+    err = float(np.max(np.abs(h_model.reshape(-1)[-HIDDEN:] - h_ref[-1])))
+    if not err < 0.05:
+        raise RuntimeError(f"the model's LSTM differs from float32 by {err}")
+    np_best = best_time(lambda: numpy_lstm(w32, xs32, h32, c32), repeats=20, warmup=2)
+    config = {"model": "host.model.core.NpuModel", "program": "lstm_sequence",
+              "n": N, "tiles": TILES, "input": INPUT, "hidden": HIDDEN, "steps": STEPS,
+              "batch": 1, "model_seconds": round(model_best, 5),
+              "numpy_seconds": round(np_best, 6), "max_abs_h_difference": round(err, 4),
+              "repeats": REPEATS, "numpy": np.__version__,
+              "python": platform.python_version(), "machine": platform.machine()}
+    return [record("model vs float32 numpy, LSTM 256, batch 1",
+                   round(model_best / np_best, 1), "x", **config)]
