@@ -274,8 +274,13 @@ class NpuModel:
         self._vrfs = MfuVrfs(self._mfu_cfg)
         self._mrf_codes = np.zeros((cfg.tiles, cfg.n, cfg.mrf_depth), np.uint8)
         self._mrf_mant = np.zeros((cfg.tiles, cfg.n, cfg.mrf_depth, cfg.n), np.int16)
+        # Weights gathered for a product, by (base slot, rows, cols, groups); every MRF
+        # write empties it.
+        self._gathered = {}
         self._program = np.zeros(cfg.program_depth, np.uint64)
         self._program_length = 0
+        self._decoded = {}                  # pc -> Instruction, for the loaded program
+        self._parsed = {}                   # pc -> Chain starting there
         self._inq = np.zeros((0, cfg.n), np.uint16)
         self._outq = np.zeros((0, cfg.n), np.uint16)
         self._regs = self._default_registers()
@@ -411,6 +416,7 @@ class NpuModel:
                                                f"{int(codes[i])}, above {MAX_EXPONENT_CODE}")
         self._mrf_codes[engine, row, slot] = codes
         self._mrf_mant[engine, row, slot] = q
+        self._gathered.clear()
 
     def _read_mrf(self, addr, count) -> list[int]:
         cfg = self.config
@@ -473,6 +479,7 @@ class NpuModel:
         self._mrf_codes[engines[..., None], np.arange(cfg.n), slots[..., None]] = \
             q.exponent_codes
         self._mrf_mant[engines[..., None], np.arange(cfg.n), slots[..., None]] = q.mantissas
+        self._gathered.clear()
         self._count("weight_saturations", q.saturated.sum())
         self._count("weight_nonfinite", q.nonfinite.sum())
         return big_r, big_c
@@ -563,6 +570,8 @@ class NpuModel:
         self._program[:] = 0
         self._program[:len(arr)] = arr
         self._program_length = len(arr)
+        # Decoding depends on the words alone: kept across runs of the same program.
+        self._decoded, self._parsed = {}, {}
 
     # --- execution -------------------------------------------------------------------------
 
@@ -579,7 +588,7 @@ class NpuModel:
         self._regs = self._default_registers()
         clock = _Clock(self.config, self.timing)
         chains = instructions = pc = 0
-        cache = {}
+        cache = self._decoded
 
         def fetch(i):
             if i >= self._program_length:
@@ -603,7 +612,9 @@ class NpuModel:
                     instructions += 1
                     pc += 1
                 elif ins.opcode is Opcode.V_RD:
-                    chain = parse_chain(fetch, pc)
+                    chain = self._parsed.get(pc)
+                    if chain is None:
+                        chain = self._parsed[pc] = parse_chain(fetch, pc)
                     chains += self._execute(chain, clock)
                     instructions += chain.stop - chain.start
                     pc = chain.stop
@@ -801,23 +812,32 @@ class NpuModel:
                            plan["ops"], reads, writes, len(chain.writes))
         return plan["iters"]
 
+    def _weights(self, base: int, rows: int, cols: int, groups: int):
+        """The product's weight codes ``(rows * n, cols)`` and mantissas
+        ``(rows * n, cols * n)`` gathered from the MRF tile slots from ``base``."""
+        key = (base, rows, cols, groups)
+        if key not in self._gathered:
+            n, t = self.config.n, self.config.tiles
+            c = np.arange(cols)
+            slots = base + np.arange(rows)[:, None] * groups + c[None, :] // t    # (R, C)
+            engines = np.broadcast_to(c % t, slots.shape)
+            # Gathered in the kernel's order, the tile row's MRF row between R and C:
+            # (R, n, C) codes and (R, n, C, n) mantissas, reshaped without a copy.
+            index = (engines[:, None, :], np.arange(n)[None, :, None], slots[:, None, :])
+            self._gathered[key] = (self._mrf_codes[index].reshape(rows * n, cols),
+                                   self._mrf_mant[index].reshape(rows * n, cols * n))
+        return self._gathered[key]
+
     def _product(self, x, base: int, plan) -> np.ndarray:
         """The MVM: ``x`` (C, n) gathered input vectors, the matrix at tile slot ``base``."""
         cfg, regs = self.config, self._regs
-        n, t = cfg.n, cfg.tiles
+        n = cfg.n
         cols, groups, rows = plan["cols"], plan["groups"], plan["length"]
         # Lanes past COLS in each pixel's last native vector do not enter the quantizer.
         x = x.copy()
         last = np.arange(plan["pix"] - 1, cols, plan["pix"])
         x[last[:, None], np.arange(plan["lanes_cols"], n)[None, :]] = 0
-        c = np.arange(cols)
-        slots = base + np.arange(rows)[:, None] * groups + c[None, :] // t       # (R, C)
-        engines = np.broadcast_to(c % t, slots.shape)
-        # Gathered in the kernel's order, the tile row's MRF row between R and C:
-        # (R, n, C) codes and (R, n, C, n) mantissas, reshaped without a copy.
-        index = (engines[:, None, :], np.arange(n)[None, :, None], slots[:, None, :])
-        codes_w = self._mrf_codes[index].reshape(rows * n, cols)
-        qw = self._mrf_mant[index].reshape(rows * n, cols * n)
+        codes_w, qw = self._weights(base, rows, cols, groups)
         static = regs[Reg.Q_EXPONENT] if regs[Reg.Q_STATIC] else None
         res = mvm(x.reshape(-1), codes_w, qw, n=n, mantissa_bits_v=cfg.mantissa_bits_v,
                   mantissa_bits_w=cfg.mantissa_bits_w, rounding=Rounding(regs[Reg.ROUNDING]),
