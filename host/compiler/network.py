@@ -1,0 +1,300 @@
+"""A compiled network: :func:`compile_onnx` and :class:`Network` (``docs/compiler.md``).
+
+``compile_onnx(path_or_model, config)`` imports an ONNX model
+(:mod:`host.compiler.onnx_import`), lowers it (:mod:`host.compiler.lower`) and returns a
+:class:`Network`: the :class:`~host.spec.image.NetworkImage` with its signature and
+report in ``extra``, and ``run`` / ``save`` / ``report``.
+
+The image's ``extra["signature"]`` says how float inputs become jobs::
+
+    {"input_shape": [None, F], "output_shape": [None, K], "input_name": ...,
+     "output_name": ..., "input_features": F, "output_features": K,
+     "input_vectors": ceil(F / N), "output_vectors": ceil(K / N)}
+
+Each batch row (the first axis) is one job: its elements, flattened row major, rounded
+to FP16 (nearest even) and zero padded to whole native vectors. A job's output vectors
+are cut back to ``K`` elements and returned as float32. :func:`signature_jobs` and
+:func:`signature_outputs` are the one implementation, which ``npu run`` uses too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from host.spec.config import NpuConfig, parse_config
+from host.spec.image import NetworkImage
+
+__all__ = [
+    "Network",
+    "compile_graph",
+    "compile_onnx",
+    "config_text",
+    "format_report",
+    "signature_jobs",
+    "signature_outputs",
+]
+
+
+def config_text(config: NpuConfig) -> str:
+    """``config`` as :func:`host.spec.config.parse_config` text (every field), e.g. for a
+    ``model:`` device string of exactly this build."""
+    items = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "unary_ops":
+            value = "+".join(op.name.lower() for op in value)
+        items.append(f"{f.name}={value}")
+    return ",".join(items)
+
+
+def _as_config(config) -> NpuConfig:
+    if config is None:
+        return NpuConfig()
+    if isinstance(config, NpuConfig):
+        return config
+    if isinstance(config, str):
+        return parse_config(config)
+    raise TypeError(f"config must be an NpuConfig, parse_config text or None, not "
+                    f"{type(config).__name__}")
+
+
+def signature_jobs(x, signature: dict, n: int, name: str = "inputs") -> np.ndarray:
+    """Float inputs shaped like the model's input (batch first) as jobs: uint16 FP16 bits
+    ``(batch, input_vectors, n)``.
+
+    Raises
+    ------
+    TypeError
+        ``x`` is not a float16/32/64 array (the message names ``name`` and the dtype).
+    ValueError
+        ``x`` does not have the model's input shape (batch first; both shapes named).
+
+    Warns
+    -----
+    RuntimeWarning
+        finite values that overflow to inf in the rounding to FP16.
+    """
+    from host.compiler.programs import native
+    x = np.asarray(x)
+    if x.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"{name} must be float16, float32 or float64 values shaped like the "
+                        f"model's input, not {x.dtype}")
+    want = signature["input_shape"]
+    if x.ndim != len(want) or list(x.shape[1:]) != list(want[1:]):
+        shown = "(" + ", ".join("batch" if d is None else str(d) for d in want) + ")"
+        raise ValueError(f"{name} has shape {x.shape}; the model's input "
+                         f"{signature.get('input_name')!r} is {shown} (batch first)")
+    batch = x.shape[0]
+    k = signature["input_vectors"]
+    if batch == 0:
+        return np.zeros((0, k, n), np.uint16)
+    rows = x.reshape(batch, -1)
+    return native(rows, n, name).reshape(batch, k, n)
+
+
+def signature_outputs(results, signature: dict) -> np.ndarray:
+    """Jobs' output vectors (uint16 ``(batch, output_vectors, n)``) as float32 values
+    shaped like the model's output (batch first)."""
+    results = np.asarray(results, np.uint16)
+    batch = results.shape[0]
+    k = signature["output_features"]
+    flat = results.reshape(batch, -1)[:, :k]
+    return flat.view(np.float16).astype(np.float32).reshape(
+        (batch, *signature["output_shape"][1:]))
+
+
+class Network:
+    """A compiled network: an image plus what it takes and gives.
+
+    Attributes
+    ----------
+    image : NetworkImage
+    config : NpuConfig
+        The build the image was compiled for.
+    signature : dict
+        ``image.extra["signature"]``.
+    """
+
+    def __init__(self, image: NetworkImage):
+        if not isinstance(image.extra.get("signature"), dict):
+            raise ValueError("the image has no signature (extra['signature']): it was not "
+                             "compiled from a model; use npu run with native vectors")
+        self.image = image
+        config = dict(image.config or {})
+        self.config = NpuConfig(**config) if config else NpuConfig()
+        self.signature = image.extra["signature"]
+
+    @classmethod
+    def load(cls, path) -> Network:
+        """A network from its image file (:meth:`save`)."""
+        return cls(NetworkImage.load(path))
+
+    def save(self, path) -> None:
+        """Write the network image (``.npz``, ``docs/protocol.md`` section 10)."""
+        self.image.save(path)
+
+    def report(self) -> dict:
+        """Per layer: operator, shapes, MACs, MRF slots, VRF use, chains; totals; the
+        predicted cycles of one job (``image.extra["report"]``, JSON-ready)."""
+        return self.image.extra.get("report", {})
+
+    def __str__(self) -> str:
+        return format_report(self.report())
+
+    def jobs(self, inputs) -> np.ndarray:
+        """:func:`signature_jobs` for this network."""
+        return signature_jobs(inputs, self.signature, self.config.n)
+
+    def run(self, inputs, device="model", *, window: int = 4, progress=None) -> np.ndarray:
+        """Run the network on ``inputs`` (float16/32/64, shaped like the model's input,
+        batch first); returns float32 outputs, batch first.
+
+        ``device`` is a ``host.runtime.device.Device`` (left open) or a device string for
+        :meth:`Device.open`; plain ``"model"`` is the reference model of exactly this
+        network's build. Each row is one job of :meth:`Device.stream`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            inputs of another dtype or shape (before the device is opened); a device of
+            another build (``ValueError`` from ``load_image``).
+        host.runtime.device.DeviceError
+            the device refused a request or a job failed.
+        """
+        from host.runtime.device import Device
+        jobs = self.jobs(inputs)
+        if not len(jobs):
+            return signature_outputs(np.zeros((0, self.image.outputs, self.config.n),
+                                              np.uint16), self.signature)
+        own = not isinstance(device, Device)
+        if own:
+            text = f"model:{config_text(self.config)}" if device == "model" else device
+            dev = Device.open(text)
+        else:
+            dev = device
+        try:
+            dev.load_image(self.image)
+            results = np.stack(list(dev.stream(jobs, outputs=self.image.outputs,
+                                               window=window, progress=progress,
+                                               prologue=self.image.job_memories,
+                                               vectors=self.image.inputs)))
+        finally:
+            if own:
+                dev.close()
+        return signature_outputs(results, self.signature)
+
+
+def compile_graph(graph, config=None, *, source: str = "") -> Network:
+    """Lower an IR graph (:mod:`host.compiler.ir`) for ``config`` (an NpuConfig, parse_config
+    text, or None for the default build) into a :class:`Network`.
+
+    Raises
+    ------
+    host.compiler.lower.CompileError
+        the graph does not fit the build (names the layer, the memory and both sizes).
+    """
+    from host.compiler.image import program_image
+    from host.compiler.lower import lower
+    cfg = _as_config(config)
+    low = lower(graph, cfg)
+    image = program_image(low.program, per_job_vectors=False)
+    image.inputs = -(-low.in_features // cfg.n)
+    x = graph.tensors[graph.inputs[0]]
+    y = graph.tensors[graph.outputs[0]]
+    image.extra["signature"] = {
+        "input_shape": [None] + list(x.shape[1:]), "output_shape": [None] + list(y.shape[1:]),
+        "input_name": x.name, "output_name": y.name,
+        "input_features": low.in_features, "output_features": low.out_features,
+        "input_vectors": image.inputs, "output_vectors": image.outputs}
+    image.extra["report"] = _report(low, cfg, image, source or graph.name)
+    return Network(image)
+
+
+def compile_onnx(source, config=None) -> Network:
+    """Compile an ONNX model (a path, with external data beside it, or an
+    ``onnx.ModelProto``) for ``config`` (an :class:`NpuConfig`, parse_config text such as
+    ``"n=8,tiles=1,mantissa_bits_v=8,mantissa_bits_w=8"``, or None for the default build).
+
+    Raises
+    ------
+    host.compiler.onnx_import.OnnxImportError
+        an unreadable file (names it), an unsupported operator (names the node, the
+        operator and the supported ones).
+    host.compiler.lower.CompileError
+        a model the build cannot hold (names the layer, the memory and both sizes).
+    ValueError
+        bad ``config`` text.
+    """
+    from host.compiler.onnx_import import import_onnx
+    cfg = _as_config(config)
+    graph = import_onnx(source)
+    label = os.fsdecode(source) if isinstance(source, (str, bytes, os.PathLike)) else ""
+    return compile_graph(graph, cfg, source=label or graph.name)
+
+
+def _one_job_cycles(image: NetworkImage, cfg: NpuConfig):
+    from host.model.core import NpuModel
+    model = NpuModel(cfg)
+    for space, addr, data in image.memories + image.job_memories:
+        model.write(space, addr, data)
+    model.load_program(image.program)
+    model.push_input(np.zeros((image.inputs, cfg.n), np.uint16))
+    result = model.run()
+    return int(result.cycles_predicted), int(result.chains), int(result.instructions)
+
+
+def _report(low, cfg: NpuConfig, image: NetworkImage, source: str) -> dict:
+    layers = [info.to_json() for info in low.layers]
+    vrf = {}
+    for info in low.layers:
+        for space, count in info.vrf.items():
+            if space != "IVRF":
+                vrf[space] = vrf.get(space, 0) + count
+    cycles, chains, instructions = _one_job_cycles(image, cfg)
+    macs = sum(info.macs for info in low.layers)
+    return {
+        "source": source, "build": config_text(cfg), "layers": layers,
+        "totals": {"macs": macs,
+                   "mrf_slots": sum(i.mrf_slots[1] for i in low.layers if i.mrf_slots),
+                   "mrf_depth": cfg.mrf_depth, "ivrf_peak": low.ivrf_peak,
+                   "ivrf_depth": cfg.ivrf_depth, "vrf": vrf, "vrf_depth": cfg.vrf_depth,
+                   "instructions": len(image.program), "program_depth": cfg.program_depth,
+                   "input_vectors": image.inputs, "output_vectors": image.outputs},
+        "per_job": {"cycles_predicted": cycles, "chains": chains,
+                    "instructions": instructions,
+                    "macs_per_cycle": round(macs / cycles, 3) if cycles else None,
+                    "peak_macs_per_cycle": cfg.macs_per_cycle},
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report as a text table."""
+    if not report:
+        return "(no report)"
+
+    def shp(s):
+        return "(" + ", ".join("B" if d is None else str(d) for d in s) + ")"
+
+    rows = [("layer", "op", "input", "output", "MACs", "MRF slots", "VRF vectors")]
+    for lay in report["layers"]:
+        slots = f"{lay['mrf_slots'][0]}+{lay['mrf_slots'][1]}" if lay["mrf_slots"] else "-"
+        vrf = " ".join(f"{k}:{v}" for k, v in lay["vrf"].items()) or "-"
+        rows.append((lay["name"], lay["op"], shp(lay["input_shape"]), shp(lay["output_shape"]),
+                     str(lay["macs"]), slots, vrf))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    t = report["totals"]
+    p = report["per_job"]
+    vrf = ", ".join(f"{k} {v}/{t['vrf_depth']}" for k, v in t["vrf"].items()) or "none"
+    lines += [
+        f"total: {t['macs']} MACs per job; MRF {t['mrf_slots']}/{t['mrf_depth']} tile slots; "
+        f"IVRF peak {t['ivrf_peak']}/{t['ivrf_depth']}; VRF {vrf}; "
+        f"{t['instructions']}/{t['program_depth']} instructions",
+        f"per job: {t['input_vectors']} input and {t['output_vectors']} output vectors; "
+        f"{p['chains']} chains; {p['cycles_predicted']} cycles predicted "
+        f"({p['macs_per_cycle']} of {p['peak_macs_per_cycle']} MACs per cycle)",
+        f"build: {report['build']}"]
+    return "\n".join(lines)
