@@ -674,7 +674,8 @@ def _product(x, weights, *, pix, lanes_cols, rounding, static_exponent_code, nar
     codes_w, qw = weights
     res = {mvm}(x.reshape(len(x), -1), codes_w, qw, n=N, mantissa_bits_v=MANTISSA_BITS_V,
               mantissa_bits_w=MANTISSA_BITS_W, rounding={rounding}(rounding),
-              static_exponent_code=static_exponent_code, narrow_width=narrow_width)
+              static_exponent_code=static_exponent_code, narrow_width=narrow_width,
+              accumulators=False)
     counts["vector_saturations"] += int(np.sum(res.vector_saturated))
     counts["vector_nonfinite"] += int(np.sum(res.vector_nonfinite))
     counts["narrow_events"] += int(np.sum(res.narrow.total))

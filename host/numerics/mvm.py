@@ -359,6 +359,10 @@ def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bit
         its rows in blocks of ``n`` (``host.numerics.bfp.quantize`` or the matrix quantizer).
     n : native dimension; the vector is zero padded to ``C * n`` and quantized per
         native vector with the given rounding and static exponent.
+    accumulators : bool
+        False leaves ``MvmResult.accumulators`` None: the exact BFP-long values are
+        Python integers, costly to build, and the device's outputs and counts do not
+        need them (the model and the exported layers pass False).
 
     Returns
     -------
@@ -771,7 +775,7 @@ def _stack_results(results, batch) -> MvmResult:
 
 def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
         rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
-        narrow_width: int = 64) -> MvmResult:
+        narrow_width: int = 64, accumulators: bool = True) -> MvmResult:
     """Matrix-vector product of the NPU's MVM, bit-exact (the fast form of
     :func:`mvm_exact`, equal to it in every output, accumulator and count).
 
@@ -785,6 +789,10 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         its rows in blocks of ``n`` (``host.numerics.bfp.quantize`` or the matrix quantizer).
     n : native dimension; the vector is zero padded to ``C * n`` and quantized per
         native vector with the given rounding and static exponent.
+    accumulators : bool
+        False leaves ``MvmResult.accumulators`` None: the exact BFP-long values are
+        Python integers, costly to build, and the device's outputs and counts do not
+        need them (the model and the exported layers pass False).
 
     Returns
     -------
@@ -826,8 +834,12 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     d = _tile_products_batch(qb.mantissas, qw3)                  # (B, rows, C)
     sh = exps - lsb
     terms, a, s, fast, nz = _fast_rows(d, sh)
-    acc = _as_accumulators(a, s, fast, d, exps, lsb)
     slow = ~fast
+    if accumulators:
+        acc = _as_accumulators(a, s, fast, d, exps, lsb)
+    elif slow.any():                     # the exact values of the slow rows only
+        acc = np.empty(a.shape, object)
+        acc[slow] = accumulate_exact(d[slow], exps[slow], lsb)
     if not slow.any():
         out, over = _i64_to_fp16(a, lsb + s, False, True)
     else:
@@ -840,13 +852,14 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     cross = _cross_counts(terms, s, fast, nz, d, sh, k).sum(-1)
     if batch == ():
         return MvmResult(
-            out_bits=out[0], accumulators=acc[0], lsb=lsb,
+            out_bits=out[0], accumulators=acc[0] if accumulators else None, lsb=lsb,
             vector_saturated=int(qb.saturated.sum()),
             vector_nonfinite=int(qb.nonfinite.sum()),
             narrow=NarrowCounts(int(products[0]), int(tree[0]), int(cross[0])),
             output_saturated=int(over.sum()))
     return MvmResult(
-        out_bits=out.reshape(batch + (rows,)), accumulators=acc.reshape(batch + (rows,)),
+        out_bits=out.reshape(batch + (rows,)),
+        accumulators=acc.reshape(batch + (rows,)) if accumulators else None,
         lsb=lsb, vector_saturated=qb.saturated.sum(-1).reshape(batch),
         vector_nonfinite=qb.nonfinite.sum(-1).reshape(batch),
         narrow=NarrowCounts(products.reshape(batch), tree.reshape(batch),

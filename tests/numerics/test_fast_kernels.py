@@ -156,6 +156,23 @@ def test_mvm_batch_matches_exact_per_vector():
             assert int(got.vector_nonfinite[idx]) == want.vector_nonfinite
 
 
+def test_mvm_without_accumulators_gives_the_same_outputs_and_counts():
+    rng = np.random.default_rng(8)
+    n, c, rows = 8, 4, 5
+    codes, qw = _weights(rng, rows, c, n, 8, wide=True)
+    x = _fp16(rng, (6, c * n), special=0.02)
+    x[0, :4], x[0, 4:], x[0, 8] = 0x7B53, 0, 0x0001       # a row on the exact path
+    for k in (64, 12):
+        kw = dict(n=n, mantissa_bits_v=8, mantissa_bits_w=8, narrow_width=k)
+        full, lean = M.mvm(x, codes, qw, **kw), M.mvm(x, codes, qw, accumulators=False, **kw)
+        assert lean.accumulators is None and full.accumulators is not None
+        assert lean.out_bits.tolist() == full.out_bits.tolist()
+        for a, b in ((lean.narrow, full.narrow), (lean.output_saturated,
+                                                  full.output_saturated),
+                     (lean.vector_saturated, full.vector_saturated)):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
 # --- directed edge cases ------------------------------------------------------------------
 
 def _quantized_matrix(w, n, m):
