@@ -323,7 +323,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("lstm_kind", kinds)
 
 
-def test_lstm_stream_matches_the_program_reference(lstm_kind, lstm_case):
+def test_lstm_stream_matches_the_program_reference(lstm_kind, lstm_case, tmp_path):
     image, inputs, reference = lstm_case
     if lstm_kind == "sim":
         inputs, reference = inputs[:LSTM_SIM_JOBS], reference[:LSTM_SIM_JOBS]
@@ -334,11 +334,23 @@ def test_lstm_stream_matches_the_program_reference(lstm_kind, lstm_case):
         dev, close = open_device(lstm_kind, NpuModel(LSTM_CFG))
     try:
         dev.load_image(image)
+        dev.clear_counters()
         results = list(dev.stream(inputs, outputs=image.outputs, window=4,
                                   prologue=image.job_memories))
+        counters = dev.counters()
     finally:
         close()
     assert len(results) == len(inputs)
+    if lstm_kind == "sim":
+        # The same jobs through the image exported as NumPy (docs/export.md), run in an
+        # interpreter that cannot import the project: the simulated board's bits and
+        # counters.
+        from host.compiler.export import export_image
+        from tests.compiler.test_export import _run_isolated
+        py, _ = export_image(image, tmp_path / "lstm_layer.py")
+        case = {"py": str(py), "inputs": np.array(inputs, np.uint16)}
+        out, exported = _run_isolated(tmp_path, {"lstm": case})["lstm"]
+        assert np.array_equal(out, np.array(results)) and exported == counters
     for i, (got, want) in enumerate(zip(results, reference)):
         assert got.dtype == np.uint16 and got.shape == want.shape
         assert (got == want).all(), f"sequence {i}"
