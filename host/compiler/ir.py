@@ -6,7 +6,9 @@ arrays by name). It belongs to the project, not to ONNX: the ONNX importer
 (:mod:`host.compiler.onnx_import`) normalises what it reads into these ops, and the
 lowering (:mod:`host.compiler.lower`) knows only these ops.
 
-Ops (:data:`OPS`), every tensor batch first (``None`` is the batch axis):
+Ops (:data:`OPS`). ``None`` in a shape is the batch axis: the first axis, except in the
+sequences of the recurrent layers, which keep ONNX's seq-first layout (``(T, batch, I)``):
+a tensor's elements per batch row are the others, row major, wherever the batch axis is.
 
 ``Dense``
     ``y = x @ W.T + b``; inputs ``[x, W, b]`` or ``[x, W]``, ``W`` an initializer of shape
@@ -18,6 +20,27 @@ Ops (:data:`OPS`), every tensor batch first (``None`` is the batch axis):
 ``Flatten``
     ``(batch, d1, d2, ...) -> (batch, d1 * d2 * ...)``, row major (no data movement on the
     NPU: a job's row is already its flattened elements).
+``View``
+    the same elements per batch row in the same order under another shape (squeezed or
+    unsqueezed size-1 axes, a transpose that moves only the batch axis or size-1 axes):
+    no data movement.
+``LSTM``
+    inputs ``[x, W, R, b, h0, c0]``: ``x`` ``(steps, batch, I)`` (or ``(batch, steps, I)``,
+    ONNX ``layout = 1``), initializers ``W`` ``(4H, I)``, ``R`` ``(4H, H)``, ``b``
+    ``(4H,)`` (the input and recurrent biases summed), ``h0``, ``c0`` ``(H,)`` (the same
+    for every batch row), the gates in the order of
+    :func:`host.compiler.programs.lstm_sequence`: f, i, o, c. Attributes ``steps``,
+    ``hidden``. The output is every step's ``h``, ONNX's ``Y``: ``(steps, 1, batch, H)``
+    (``layout = 1``: ``(batch, steps, 1, H)``).
+``GRU``
+    inputs ``[x, W, R, b, h0]``: ``W`` ``(3H, I)``, ``R`` ``(3H, H)`` in the order z, r, n
+    of :func:`host.compiler.programs.emit_gru`, ``b`` ``(4H,)`` = ``b_z, b_r, b_n, b_hn``
+    (``b_hn`` unused, zero, without ``linear_before_reset``). Attributes ``steps``,
+    ``hidden``, ``linear_before_reset`` (0 or 1). Output as ``LSTM``'s.
+``LastStep``
+    the last step of a recurrent layer's every-step output (ONNX ``Y_h``, or a ``Gather``
+    / ``Slice`` of the last step); attribute ``axis`` (the step axis of the input); the
+    output shape drops that axis or keeps it with size 1.
 
 Each node keeps ``origin``: the source node's name and operator (for example
 ``("fc1", "Gemm")``), so errors raised later still name what the user wrote.
@@ -29,10 +52,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ELEMENTWISE", "OPS", "Graph", "IRError", "Node", "Tensor"]
+__all__ = ["ELEMENTWISE", "OPS", "RECURRENT", "Graph", "IRError", "Node", "Tensor"]
 
 #: The op types of the IR.
-OPS = ("Dense", "Relu", "Sigmoid", "Tanh", "Softmax", "Flatten")
+OPS = ("Dense", "Relu", "Sigmoid", "Tanh", "Softmax", "Flatten", "View", "LSTM", "GRU",
+       "LastStep")
+#: The recurrent ops and the number of gates of each.
+RECURRENT = {"LSTM": 4, "GRU": 3}
 #: The element-wise unary ops and the NPU unary function of each.
 ELEMENTWISE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
 
@@ -50,9 +76,18 @@ class Tensor:
     dtype: str = "float32"
 
     @property
+    def batch_axis(self) -> int:
+        """The position of the batch axis (the one ``None``; 0 when there is none)."""
+        return self.shape.index(None) if None in self.shape else 0
+
+    @property
     def features(self) -> int:
-        """Elements per batch row (the product of every axis but the first)."""
-        dims = self.shape[1:]
+        """Elements per batch row (the product of every axis but the batch axis)."""
+        dims = list(self.shape)
+        if None in dims:
+            dims.remove(None)
+        else:
+            dims = dims[1:]
         if any(d is None for d in dims):
             raise IRError(f"tensor {self.name!r} has shape {_fmt(self.shape)}: only the batch "
                           f"axis may be unknown")
@@ -136,6 +171,10 @@ class Graph:
                 defined.add(name)
             if node.op == "Dense":
                 self._check_dense(node)
+            elif node.op in RECURRENT:
+                self._check_recurrent(node)
+            elif node.op in ("View", "Flatten", "LastStep"):
+                self._check_view(node)
         for name in self.outputs:
             if name not in defined:
                 raise IRError(f"graph output {name!r} is never produced")
@@ -155,6 +194,40 @@ class Graph:
         if x.features != w.shape[1]:
             raise IRError(f"{node.where()}: input {x.name!r} has {x.features} features, W "
                           f"has shape {w.shape}")
+
+    def _check_recurrent(self, node: Node) -> None:
+        gates = RECURRENT[node.op]
+        want = 6 if node.op == "LSTM" else 5
+        if len(node.inputs) != want:
+            raise IRError(f"{node.where()}: {node.op} takes {want} inputs, not "
+                          f"{len(node.inputs)}")
+        arrays = [self.initializers.get(i) for i in node.inputs[1:]]
+        if any(a is None for a in arrays):
+            raise IRError(f"{node.where()}: W, R, b and the initial state must be "
+                          f"initializers")
+        w, r, b = arrays[:3]
+        h, steps = int(node.attrs.get("hidden", 0)), int(node.attrs.get("steps", 0))
+        b_len = 4 * h
+        if w.ndim != 2 or w.shape[0] != gates * h or r.shape != (gates * h, h) \
+                or b.shape != (b_len,) or any(a.shape != (h,) for a in arrays[3:]) \
+                or steps < 1:
+            raise IRError(f"{node.where()}: {node.op} with hidden {h}, steps {steps} has W "
+                          f"{w.shape}, R {r.shape}, b {b.shape}, state "
+                          f"{[a.shape for a in arrays[3:]]}")
+        x = self.tensors[node.inputs[0]]
+        if x.features != steps * w.shape[1]:
+            raise IRError(f"{node.where()}: input {x.name!r} has {x.features} features per "
+                          f"batch row, not steps {steps} x {w.shape[1]}")
+
+    def _check_view(self, node: Node) -> None:
+        x, y = self.tensors[node.inputs[0]], self.tensors[node.outputs[0]]
+        if node.op == "LastStep":
+            ok = y.features * x.shape[node.attrs["axis"]] == x.features
+        else:
+            ok = x.features == y.features
+        if not ok:
+            raise IRError(f"{node.where()}: {node.op} of {_fmt(x.shape)} to {_fmt(y.shape)} "
+                          f"changes the elements per batch row")
 
     def __str__(self) -> str:
         lines = [f"graph {self.name}: inputs "

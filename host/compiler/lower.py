@@ -19,7 +19,14 @@ runs every layer and pushes the result's native vectors to the output queue. The
 * ``Softmax`` is :func:`host.compiler.programs.softmax_head`'s two chains: the logits are
   written to the IVRF and ASVRF0; ``max_reduce``, ``vv_b_sub_a``, ``exp`` (to the IVRF and
   MULVRF0); ``sum_reduce``, ``recip``, ``vv_mul``.
-* ``Flatten`` moves nothing: a job's row is already its flattened elements.
+* ``Flatten`` and ``View`` move nothing: a job's row is already its flattened elements.
+* ``LSTM`` / ``GRU`` (the first layer: a job is one sequence, ``steps`` input vectors of
+  ``I`` elements from the input queue) is :func:`host.compiler.programs.emit_lstm` /
+  :func:`~host.compiler.programs.emit_gru`, unrolled over the steps. With a ``LastStep``
+  after it only the last ``h`` is kept (written to the output queue, or left in the IVRF
+  for the next layer); without, every step's ``h`` goes to the output queue (then it
+  must be the network's output). The state (``h0``, ``c0``) is written before every job
+  (``Lowered.job_vectors``, the image's ``job_memories``); weights and biases once.
 
 A model the build cannot hold raises :class:`CompileError` naming the layer, the memory
 (or limit) and both sizes.
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from host.compiler.ir import ELEMENTWISE, Graph, IRError
+from host.compiler.ir import ELEMENTWISE, RECURRENT, Graph, IRError
 from host.compiler.programs import Builder, Ref
 from host.spec.config import NpuConfig
 from host.spec.isa import Space
@@ -73,6 +80,14 @@ class Lowered:
     ivrf_peak: int
     in_features: int
     out_features: int
+    in_rows: int = 1            # logical vectors per job (a sequence: its steps), each
+    out_rows: int = 1           # padded to whole native vectors
+    job_vectors: list = field(default_factory=list)   # (Space, addr, data) before each job
+
+    @property
+    def in_vectors(self) -> int:
+        n = self.program.config.n
+        return self.in_rows * -(-(self.in_features // self.in_rows) // n)
 
 
 class _Ivrf:
@@ -158,7 +173,34 @@ def lower(graph: Graph, config: NpuConfig) -> Lowered:
     for node in nodes:
         x = graph.tensors[node.inputs[0]]
         y = graph.tensors[node.outputs[0]]
-        if node.op == "Flatten":
+        prev = stages[-1] if stages else None
+        if node.op in ("Flatten", "View"):
+            continue
+        if node.op == "LastStep":
+            if prev is None or prev["kind"] != "rnn" or not prev["every"]:
+                raise CompileError(f"{node.where()}: selecting the last step works only on "
+                                   f"the every-step output of an LSTM or GRU")
+            prev["every"] = False
+            prev["nodes"].append(node)
+            continue
+        if prev is not None and prev["kind"] == "rnn" and prev["every"]:
+            rnn = prev["nodes"][0]
+            raise CompileError(f"{node.where()} reads every step of {rnn.where()}: only its "
+                               f"last step (Y_h, or a Gather / Slice of the last step of Y) "
+                               f"can feed further layers; every step only as the network's "
+                               f"output")
+        if node.op in RECURRENT:
+            if stages:
+                raise CompileError(f"{node.where()}: an {node.op} must be the network's first "
+                                   f"layer (it reads the job's sequence from the input "
+                                   f"queue), not read {node.inputs[0]!r}")
+            for fn in ("sigmoid", "tanh"):
+                check_unary(node, fn)
+            w = graph.initializers[node.inputs[1]]
+            stages.append({"kind": "rnn", "nodes": [node], "every": True,
+                           "w_arrays": [graph.initializers[i] for i in node.inputs[1:]],
+                           "rows": int(node.attrs["hidden"]), "cols": w.shape[1],
+                           "steps": int(node.attrs["steps"])})
             continue
         if node.op == "Dense":
             w = graph.initializers[node.inputs[1]]
@@ -197,7 +239,11 @@ def lower(graph: Graph, config: NpuConfig) -> Lowered:
     # --- emit --------------------------------------------------------------------------
     bld = Builder(config)
     ivrf = _Ivrf(config.ivrf_depth)
-    vrf_next = {Space.ASVRF0: 0, Space.MULVRF0: 0}
+    vrf_next = {}
+    for m in range(config.mfus):
+        vrf_next[Space.asvrf(m)] = vrf_next[Space.mulvrf(m)] = 0
+    job_vectors = []
+    in_rows, out_rows = 1, 1
     infos = {id(nd): LayerInfo(nd.origin[0] or nd.name, nd.origin[1] or nd.op,
                                _shape(graph.tensors[nd.inputs[0]]),
                                _shape(graph.tensors[nd.outputs[0]])) for nd in nodes}
@@ -219,6 +265,13 @@ def lower(graph: Graph, config: NpuConfig) -> Lowered:
 
     src = "netq"
     for k, st in enumerate(stages):
+        if st["kind"] == "rnn":
+            src, slot_next, rows_out = _emit_rnn(
+                st, bld, config, ivrf, vrf, account, infos, slot_next, job_vectors,
+                last=k == len(stages) - 1, check_width=check_width)
+            in_rows = st["steps"]
+            out_rows = rows_out
+            continue
         head = st["nodes"][0] if st["nodes"] else stages[k + 1]["nodes"][0]
         where = head.where()
         rows = st["rows"]
@@ -292,21 +345,138 @@ def lower(graph: Graph, config: NpuConfig) -> Lowered:
     in_features = graph.tensors[graph.inputs[0]].features
     out_features = graph.tensors[graph.outputs[0]].features
     where = f"the network ({len(nodes)} nodes)"
+    rnn = [st for st in stages if st["kind"] == "rnn"]
+    if rnn and len(program.instructions) > config.program_depth:
+        st = rnn[0]
+        own = st["instructions"]
+        raise CompileError(
+            f"{st['nodes'][0].where()}: program memory needs {len(program.instructions)} "
+            f"instructions ({own} for this layer's {st['steps']} unrolled steps, about "
+            f"{own // st['steps']} per step; {len(program.instructions) - own} for the rest), "
+            f"the build has program_depth {config.program_depth}; a sequence this long "
+            f"needs a step program run once per time step, which the compiler does not "
+            f"make yet")
     if len(program.instructions) > config.program_depth:
         raise CompileError(f"{where}: the program has {len(program.instructions)} "
                            f"instructions, the build has program_depth {config.program_depth}")
-    for what, count in (("input", tiles(in_features)), ("output", program.outputs)):
+    in_vectors = in_rows * tiles(in_features // in_rows)
+    for what, count in (("input", in_vectors), ("output", program.outputs)):
         if count > config.netq_depth:
             raise CompileError(f"{where}: one job's {what} is {count} native vectors, the "
                                f"build has netq_depth {config.netq_depth}")
     # the first chain pops the input; a layer that reads more than max_col_tiles or a
     # standalone op wider than max_length was refused above.
     first = stages[0]
-    if first["kind"] != "dense":
+    if first["kind"] not in ("dense", "rnn"):
         check_width(first["nodes"][0] if first["nodes"] else stages[1]["nodes"][0],
                     in_features, "input")
     return Lowered(program, [infos[id(nd)] for nd in nodes], ivrf.peak, in_features,
-                   out_features)
+                   out_features, in_rows, out_rows, job_vectors)
+
+
+class _RnnMemory:
+    """The memory callbacks of :func:`host.compiler.programs.emit_lstm` / ``emit_gru``
+    over the lowering's allocators: MRF slots checked against ``mrf_depth``, VRF vectors
+    against ``vrf_depth``, IVRF by the first-fit allocator; the state goes to the per-job
+    vectors. Errors name the layer, the memory and both sizes."""
+
+    def __init__(self, node, bld, config, ivrf, vrf, account, slot_next, job_vectors):
+        self.node, self.bld, self.config = node, bld, config
+        self.ivrf, self.vrf, self.account = ivrf, vrf, account
+        self.slot_next, self.job_vectors = slot_next, job_vectors
+        self.first_slot = slot_next
+        self.ivrf_refs = []
+
+    def matrix(self, w, name):
+        n = self.config.n
+        rows, cols = w.shape
+        need = self.config.mvm.slots_needed(-(-rows // n), -(-cols // n))
+        if self.slot_next + need > self.config.mrf_depth:
+            raise CompileError(
+                f"{self.node.where()}: the MRF needs {self.slot_next + need} tile slots "
+                f"({self.slot_next - self.first_slot + need} so far for this layer's "
+                f"matrices, {need} for its {rows} x {cols} {name}; {self.first_slot} for "
+                f"the layers before it), the build has mrf_depth {self.config.mrf_depth}")
+        slot = self.bld.matrix(w, f"{self.node.where()} {name}")
+        assert slot == self.slot_next
+        self.slot_next += need
+        return slot
+
+    def alloc(self, space, length, what="scratch"):
+        where = self.node.where()
+        if space is Space.IVRF:
+            ref = self.ivrf.alloc(length, where)
+            self.ivrf_refs.append(ref)
+        else:
+            if space not in self.vrf_spaces():
+                raise CompileError(f"{where} needs {space.name}, the build has mfus "
+                                   f"{self.config.mfus}")
+            ref = Ref(space, self.vrf(space, length, where, what), length)
+        self.account(self.node, space, length)
+        return ref
+
+    def vrf_spaces(self):
+        return {Space.asvrf(m) for m in range(self.config.mfus)} | \
+            {Space.mulvrf(m) for m in range(self.config.mfus)}
+
+    def place(self, space, values, name="values"):
+        data = _native(values, self.config.n)
+        ref = self.alloc(space, len(data), name)
+        self.bld.program.vectors.append((space, ref.addr, data))
+        return ref
+
+    def state(self, space, values, name="state"):
+        data = _native(values, self.config.n)
+        ref = self.alloc(space, len(data), name)
+        self.job_vectors.append((space, ref.addr, data))
+        return ref
+
+
+def _emit_rnn(st, bld, config, ivrf, vrf, account, infos, slot_next, job_vectors, *, last,
+              check_width):
+    """Emit an LSTM / GRU stage; returns (where its result is, next MRF slot, output
+    rows per job)."""
+    from host.compiler.programs import emit_gru, emit_lstm
+    node = st["nodes"][0]
+    graph_w = st["w_arrays"]
+    hidden, size, steps = st["rows"], st["cols"], st["steps"]
+    check_width(node, hidden, "state")
+    n = config.n
+    for what, cols in (("input", size), ("state", hidden)):
+        if -(-cols // n) > config.max_col_tiles:
+            raise CompileError(f"{node.where()}: its {what} of {cols} elements needs "
+                               f"{-(-cols // n)} native vectors, the build's max_col_tiles "
+                               f"is {config.max_col_tiles} (N = {n})")
+    w, r, b, h0 = graph_w[:4]
+    gates = "fioc" if node.op == "LSTM" else "zrn"
+    wts = {}
+    for k, g in enumerate(gates):
+        wts[f"W_{g}"] = w[k * hidden:(k + 1) * hidden]
+        wts[f"U_{g}"] = r[k * hidden:(k + 1) * hidden]
+        wts[f"b_{g}"] = b[k * hidden:(k + 1) * hidden]
+    mem = _RnnMemory(node, bld, config, ivrf, vrf, account, slot_next, job_vectors)
+    every = st["every"]
+    final = ["netq"] if last and not every else []
+    start = len(bld.instructions)
+    if node.op == "LSTM":
+        refs = emit_lstm(bld, mem, wts, steps, size, hidden, h0, graph_w[4],
+                         step_writes=["netq"] if every else [], final_writes=final)
+    else:
+        lbr = bool(node.attrs.get("linear_before_reset", 0))
+        if lbr:
+            wts["b_hn"] = b[3 * hidden:]
+        refs = emit_gru(bld, mem, wts, steps, size, hidden, h0, linear_before_reset=lbr,
+                        step_writes=["netq"] if every else [], final_writes=final)
+    st["instructions"] = len(bld.instructions) - start
+    info = infos[id(node)]
+    info.macs = steps * len(gates) * hidden * (size + hidden)
+    info.mrf_slots = [slot_next, mem.slot_next - slot_next]
+    info.chains = sum(1 for i in bld.instructions[start:] if i.opcode.name == "END_CHAIN")
+    keep = None if last else refs["h"]
+    for ref in mem.ivrf_refs:
+        if ref != keep:
+            ivrf.free(ref)
+    return (keep if keep is not None else "netq"), mem.slot_next, (steps if every else 1)
 
 
 def _native(values, n: int) -> np.ndarray:

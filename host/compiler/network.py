@@ -11,10 +11,15 @@ The image's ``extra["signature"]`` says how float inputs become jobs::
      "output_name": ..., "input_features": F, "output_features": K,
      "input_vectors": ceil(F / N), "output_vectors": ceil(K / N)}
 
-Each batch row (the first axis) is one job: its elements, flattened row major, rounded
-to FP16 (nearest even) and zero padded to whole native vectors. A job's output vectors
-are cut back to ``K`` elements and returned as float32. :func:`signature_jobs` and
-:func:`signature_outputs` are the one implementation, which ``npu run`` uses too.
+Each batch row is one job: its elements, flattened row major, rounded to FP16 (nearest
+even) and zero padded to whole native vectors. The batch axis is where the model puts it
+(the ``None`` of ``input_shape`` / ``output_shape``: the first axis, or axis 1 of a
+seq-first recurrent model's ``(seq, batch, features)``). A sequence model's job is one
+whole sequence: ``"input_rows"`` (its steps) logical vectors, each padded on its own
+(``"output_rows"`` likewise for every step's output); missing, they are 1. A job's
+output vectors are cut back to ``K`` elements and returned as float32.
+:func:`signature_jobs` and :func:`signature_outputs` are the one implementation, which
+``npu run`` uses too.
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ def _as_config(config) -> NpuConfig:
 
 
 def signature_jobs(x, signature: dict, n: int, name: str = "inputs") -> np.ndarray:
-    """Float inputs shaped like the model's input (batch first) as jobs: uint16 FP16 bits
-    ``(batch, input_vectors, n)``.
+    """Float inputs shaped like the model's input (the batch axis where ``input_shape``
+    has ``None``) as jobs: uint16 FP16 bits ``(batch, input_vectors, n)``, each of the
+    ``input_rows`` logical vectors of a job padded on its own.
 
     Raises
     ------
@@ -82,16 +88,18 @@ def signature_jobs(x, signature: dict, n: int, name: str = "inputs") -> np.ndarr
     if x.dtype not in (np.float16, np.float32, np.float64):
         raise TypeError(f"{name} must be float16, float32 or float64 values shaped like the "
                         f"model's input, not {x.dtype}")
-    want = signature["input_shape"]
-    if x.ndim != len(want) or list(x.shape[1:]) != list(want[1:]):
+    want = list(signature["input_shape"])
+    axis = want.index(None) if None in want else 0
+    if x.ndim != len(want) or any(w is not None and w != d for w, d in zip(want, x.shape)):
         shown = "(" + ", ".join("batch" if d is None else str(d) for d in want) + ")"
+        where = "batch first" if axis == 0 else f"batch axis {axis}"
         raise ValueError(f"{name} has shape {x.shape}; the model's input "
-                         f"{signature.get('input_name')!r} is {shown} (batch first)")
-    batch = x.shape[0]
+                         f"{signature.get('input_name')!r} is {shown} ({where})")
+    batch = x.shape[axis]
     k = signature["input_vectors"]
     if batch == 0:
         return np.zeros((0, k, n), np.uint16)
-    rows = x.reshape(batch, -1)
+    rows = np.moveaxis(x, axis, 0).reshape(batch, signature.get("input_rows", 1), -1)
     return native(rows, n, name).reshape(batch, k, n)
 
 
@@ -101,9 +109,13 @@ def signature_outputs(results, signature: dict) -> np.ndarray:
     results = np.asarray(results, np.uint16)
     batch = results.shape[0]
     k = signature["output_features"]
-    flat = results.reshape(batch, -1)[:, :k]
-    return flat.view(np.float16).astype(np.float32).reshape(
-        (batch, *signature["output_shape"][1:]))
+    rows = signature.get("output_rows", 1)
+    flat = results.reshape(batch, rows, -1)[:, :, :k // rows]
+    shape = list(signature["output_shape"])
+    axis = shape.index(None) if None in shape else 0
+    out = flat.view(np.float16).astype(np.float32).reshape(
+        (batch, *(d for i, d in enumerate(shape) if i != axis)))
+    return np.moveaxis(out, 0, axis)
 
 
 class Network:
@@ -150,7 +162,9 @@ class Network:
 
     def run(self, inputs, device="model", *, window: int = 4, progress=None) -> np.ndarray:
         """Run the network on ``inputs`` (float16/32/64, shaped like the model's input,
-        batch first); returns float32 outputs, batch first.
+        batch first or where the model declares it: axis 1 of a seq-first LSTM / GRU
+        input ``(T, batch, I)``, one job per sequence); returns float32 outputs shaped
+        like the model's output (its batch axis where the model has it).
 
         ``device`` is a ``host.runtime.device.Device`` (left open) or a device string for
         :meth:`Device.open`; plain ``"model"`` is the reference model of exactly this
@@ -200,15 +214,24 @@ def compile_graph(graph, config=None, *, source: str = "") -> Network:
     from host.compiler.lower import lower
     cfg = _as_config(config)
     low = lower(graph, cfg)
+    from host.spec.isa import Space
     image = program_image(low.program, per_job_vectors=False)
-    image.inputs = -(-low.in_features // cfg.n)
+    image.job_memories = [(Space(s), int(a), np.asarray(d, np.uint16))
+                          for s, a, d in low.job_vectors]
+    image.inputs = low.in_vectors
     x = graph.tensors[graph.inputs[0]]
     y = graph.tensors[graph.outputs[0]]
+
+    def declared(t):
+        shape = list(t.shape)
+        return shape if None in shape else [None] + shape[1:]
     image.extra["signature"] = {
-        "input_shape": [None] + list(x.shape[1:]), "output_shape": [None] + list(y.shape[1:]),
+        "input_shape": declared(x), "output_shape": declared(y),
         "input_name": x.name, "output_name": y.name,
         "input_features": low.in_features, "output_features": low.out_features,
         "input_vectors": image.inputs, "output_vectors": image.outputs}
+    if low.in_rows != 1 or low.out_rows != 1:
+        image.extra["signature"].update(input_rows=low.in_rows, output_rows=low.out_rows)
     image.extra["report"] = _report(low, cfg, image, source or graph.name)
     return Network(image)
 

@@ -13,9 +13,19 @@ inference, folds the constant parts of the graph, and turns the rest into IR nod
   with a constant right operand become ``Dense`` (``W`` of shape ``(out, in)``); an
   ``Add`` of a constant vector right after one becomes its bias; ``Relu``, ``Sigmoid``,
   ``Tanh``; ``Softmax`` over the last axis (all of a row's features); ``Flatten`` and
-  ``Reshape`` to ``(batch, features)``.
+  ``Reshape`` to ``(batch, features)``;
+* recurrent: ``LSTM`` and ``GRU`` (forward, default activations, no clip, no peepholes,
+  ``input_forget = 0``; ``layout`` 0 or 1; ``sequence_lens`` only if every entry is the
+  sequence length; constant ``initial_h`` / ``initial_c``, the same for every batch
+  row) become the IR's ``LSTM`` / ``GRU`` (the gates reordered to the builder's: LSTM
+  f, i, o, c from ONNX's i, o, f, c; the two biases summed); ``Y_h`` and a ``Gather`` or
+  ``Slice`` of the last step of ``Y`` become ``LastStep``; ``Squeeze``, ``Unsqueeze``,
+  ``Transpose`` (moving only the batch axis or size-1 axes), ``Gather`` / ``Slice`` of a
+  size-1 axis become ``View``.
 
-The first axis of the (single) graph input is the batch: each batch row is one job.
+The batch axis of the (single) graph input is its only symbolic axis; with none, the
+first axis, or the axis that becomes the batch axis of the LSTM / GRU the input feeds
+(axis 1 of ``X`` with ``layout = 0``). Each batch row is one job (a whole sequence).
 Anything else raises :class:`OnnxImportError` naming the ONNX node, its operator and the
 supported operators; a file that cannot be parsed raises it naming the file.
 """
@@ -32,10 +42,19 @@ __all__ = ["FOLDED_OPS", "SUPPORTED_OPS", "OnnxImportError", "import_onnx", "loa
 
 #: Operators that become IR nodes (on data, batch first).
 SUPPORTED_OPS = ("Gemm", "MatMul", "Add", "Relu", "Sigmoid", "Tanh", "Softmax", "Flatten",
-                 "Reshape", "Identity", "Dropout")
+                 "Reshape", "Identity", "Dropout", "LSTM", "GRU", "Squeeze", "Unsqueeze",
+                 "Transpose", "Gather", "Slice")
 #: Operators folded away when every input is a constant (``Shape`` also on data).
 FOLDED_OPS = ("Constant", "Shape", "Gather", "Concat", "Unsqueeze", "Squeeze", "Reshape",
-              "Flatten", "Cast", "Transpose", "Add", "Sub", "Mul", "Div", "Identity")
+              "Flatten", "Cast", "Transpose", "Add", "Sub", "Mul", "Div", "Identity",
+              "Slice", "ConstantOfShape")
+
+#: Where each gate of the builders' order sits in ONNX's weights: LSTM (ONNX i, o, f, c;
+#: :func:`host.compiler.programs.lstm_sequence` f, i, o, c) and GRU (ONNX z, r, h; the
+#: builder's z, r, n).
+LSTM_GATES = {"f": 2, "i": 0, "o": 1, "c": 3}
+GRU_GATES = {"z": 0, "r": 1, "n": 2}
+_DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
 
 #: The value a folded ``Shape`` gives the batch axis (any other negative value but -1 in
 #: folded shape arithmetic is an error).
@@ -126,6 +145,7 @@ class _Importer:
         self.shapes: dict[str, tuple] = {}     # data tensors: shape, None = batch
         self.ir = Graph(name=self.g.name or "network")
         self.uses: dict[str, int] = {}
+        self.steps: dict[str, int] = {}        # sequences (RNN outputs): the step axis
         for node in self.g.node:
             for i in node.input:
                 self.uses[i] = self.uses.get(i, 0) + 1
@@ -192,11 +212,15 @@ class _Importer:
         if len(dims) < 2:
             raise OnnxImportError(f"{self.label}: input {x.name!r} must be (batch, "
                                   f"features...), not of rank {len(dims)}")
-        if any(d is None for d in dims[1:]):
+        unknown = [i for i, d in enumerate(dims) if d is None]
+        if len(unknown) > 1:
             raise OnnxImportError(f"{self.label}: input {x.name!r} has shape {dims}: only the "
-                                  f"batch axis (the first) may be unknown")
-        self.batch_value = dims[0]              # a fixed batch size is still the batch axis
-        self.shapes[x.name] = (None, *dims[1:])
+                                  f"batch axis may be unknown (a sequence length must be "
+                                  f"fixed: the program unrolls the steps)")
+        axis = unknown[0] if unknown else self.rnn_batch_axis(x.name, len(dims))
+        self.batch_value = dims[axis]           # a fixed batch size is still the batch axis
+        dims[axis] = None
+        self.shapes[x.name] = tuple(dims)
         self.ir.add_tensor(x.name, self.shapes[x.name], _FLOATS[tt.elem_type])
         self.ir.inputs = [x.name]
         self.input_dtype = _FLOATS[tt.elem_type]
@@ -218,6 +242,26 @@ class _Importer:
             raise OnnxImportError(f"{self.label}: {exc}") from None
         return self.ir
 
+    def rnn_batch_axis(self, name: str, rank: int) -> int:
+        """The input axis that becomes an LSTM / GRU's batch axis (through Transposes), or
+        0: the batch axis of an input whose axes are all fixed."""
+        perm = list(range(rank))                # axis k of `name` is input axis perm[k]
+        while True:
+            users = [n for n in self.g.node if name in n.input]
+            if len(users) != 1:
+                return 0
+            node = users[0]
+            if node.op_type == "Transpose":
+                p = self.attrs(node).get("perm", list(range(rank))[::-1])
+                perm = [perm[i] for i in p]
+                name = node.output[0]
+            elif node.op_type in ("Identity", "Cast"):
+                name = node.output[0]
+            elif node.op_type in ("LSTM", "GRU") and node.input[0] == name and rank == 3:
+                return perm[0 if self.attrs(node).get("layout", 0) else 1]
+            else:
+                return 0
+
     def visit(self, node) -> None:
         op = node.op_type
         if node.domain not in ("", "ai.onnx"):
@@ -235,6 +279,9 @@ class _Importer:
             return
         if op == "Shape":
             self.consts[node.output[0]] = self.shape_of(node)
+            return
+        if op == "ConstantOfShape" and self.const(node.input[0]) is not None:
+            self.consts[node.output[0]] = self.fold(node)
             return
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
@@ -318,6 +365,21 @@ class _Importer:
                 return v[0].astype(self.onnx.helper.tensor_dtype_to_np_dtype(a["to"]))
             if op == "Transpose":
                 return np.transpose(v[0], a.get("perm"))
+            if op == "ConstantOfShape":
+                # a state of zeros shaped by the batch size: one row, broadcast over it
+                shape = [1 if int(d) == BATCH else int(d) for d in v[0]]
+                fill = a.get("value")
+                fill = self.onnx.numpy_helper.to_array(fill).reshape(-1)[0] \
+                    if fill is not None else np.float32(0)
+                return np.full(shape, fill, np.asarray(fill).dtype)
+            if op == "Slice":
+                starts, ends = v[1], v[2]
+                axes = v[3] if len(v) > 3 and v[3] is not None else range(len(starts))
+                steps = v[4] if len(v) > 4 and v[4] is not None else [1] * len(starts)
+                index = [slice(None)] * v[0].ndim
+                for st, en, ax, sp in zip(starts, ends, axes, steps):
+                    index[int(ax)] = slice(int(st), int(en), int(sp))
+                return v[0][tuple(index)]
         except OnnxImportError:
             raise
         except Exception as exc:
@@ -329,7 +391,7 @@ class _Importer:
 
     def _features(self, node, n: str) -> int:
         shape = self.shapes[n]
-        if len(shape) != 2:
+        if len(shape) != 2 or shape[0] is not None:
             raise self.unsupported(node, f"input {n!r} has shape {_fmt(shape)}; this "
                                          f"operator needs (batch, features) (Flatten first)")
         return shape[1]
@@ -423,7 +485,7 @@ class _Importer:
         axis = axis + rank if axis < 0 else axis
         whole = (self.opset < 13 and axis == 1) or \
             (axis == rank - 1 and all(d == 1 for d in shape[1:-1]))
-        if not whole or axis == 0:
+        if not whole or axis == 0 or shape[0] is not None:
             raise self.unsupported(node, f"Softmax over axis {axis} of a tensor of shape "
                                          f"{_fmt(shape)} is not supported (only over the "
                                          f"last axis, all of a row's features)")
@@ -439,17 +501,17 @@ class _Importer:
 
     def _to_2d(self, node, x: str) -> None:
         shape = self.shapes[x]
-        if len(shape) == 2:
+        if len(shape) == 2 and shape[0] is None:
             self.alias[node.output[0]] = x
             return
-        self.add(node, "Flatten", [x], (None, int(np.prod(shape[1:]))))
+        self.add(node, "Flatten", [x], (None, _feats(shape)))
 
     def op_Flatten(self, node) -> None:
         x = self.data_input(node)
         shape = self.shapes[x]
         axis = self.attrs(node).get("axis", 1)
         axis = axis + len(shape) if axis < 0 else axis
-        if axis != 1:
+        if axis != 1 or shape[0] is not None:
             raise self.unsupported(node, f"Flatten with axis={axis} is not supported (only "
                                          f"axis=1: (batch, features))")
         self._to_2d(node, x)
@@ -460,12 +522,17 @@ class _Importer:
         if target is None:
             raise self.unsupported(node, "Reshape to a computed shape is not supported")
         shape = self.shapes[x]
-        feats = int(np.prod(shape[1:]))
+        feats = _feats(shape)
         t = [int(v) for v in target]
         allowzero = self.attrs(node).get("allowzero", 0)
         if not allowzero:
-            t = [(BATCH if i == 0 else shape[i]) if v == 0 and i < len(shape) else v
+            t = [(BATCH if shape[i] is None else shape[i]) if v == 0 and i < len(shape) else v
                  for i, v in enumerate(t)]
+        # the batch axis may sit behind size-1 axes (an RNN's Y_h (1, batch, H))
+        before = shape[:shape.index(None)] if None in shape else shape
+        if any(d != 1 for d in before):
+            raise self.unsupported(node, f"Reshape of {_fmt(shape)} is not supported (the "
+                                         f"batch axis must come first, after size-1 axes)")
         ok = len(t) == 2 and (
             (t[0] in (BATCH, self.batch_value) and t[1] in (feats, -1))
             or (t[0] == -1 and t[1] == feats))
@@ -474,6 +541,286 @@ class _Importer:
             raise self.unsupported(node, f"Reshape of {_fmt(shape)} to {shown} is not "
                                          f"supported (only to (batch, {feats}))")
         self._to_2d(node, x)
+
+
+    # --- views and recurrent layers -------------------------------------------------------
+
+    def _axes(self, node, i: int = 1):
+        """A Squeeze / Unsqueeze's axes (attribute, or constant input ``i``), or None."""
+        if len(node.input) > i and node.input[i]:
+            axes = self.const(node.input[i])
+            if axes is None:
+                raise self.unsupported(node, "computed axes are not supported")
+            return [int(a) for a in np.asarray(axes).reshape(-1)]
+        axes = self.attrs(node).get("axes")
+        return None if axes is None else [int(a) for a in axes]
+
+    def view(self, node, x: str, shape, step_axis=None) -> None:
+        """An IR ``View`` of ``x`` as ``shape``; ``step_axis`` where a sequence's step axis
+        is now (None: not a sequence, or that axis was removed)."""
+        out = node.output[0]
+        self.add(node, "View", [x], shape)
+        if step_axis is not None:
+            self.steps[out] = step_axis
+
+    def op_Squeeze(self, node) -> None:
+        x = self.data_input(node)
+        shape = self.shapes[x]
+        axes = self._axes(node)
+        axes = [i for i, d in enumerate(shape) if d == 1] if axes is None else \
+            sorted(a % len(shape) for a in axes)
+        for a in axes:
+            if shape[a] != 1:
+                raise self.unsupported(node, f"Squeeze of axis {a} of {_fmt(shape)} (not of "
+                                             f"size 1) is not supported")
+        keep = [i for i in range(len(shape)) if i not in axes]
+        step = self.steps.get(x)
+        self.view(node, x, [shape[i] for i in keep],
+                  keep.index(step) if step in keep else None)
+
+    def op_Unsqueeze(self, node) -> None:
+        x = self.data_input(node)
+        shape = list(self.shapes[x])
+        axes = self._axes(node)
+        rank = len(shape) + len(axes)
+        axes = sorted(a % rank for a in axes)
+        pos = list(range(len(shape)))            # where each old axis goes
+        for a in axes:
+            shape.insert(a, 1)
+            pos = [p + 1 if p >= a else p for p in pos]
+        step = self.steps.get(x)
+        self.view(node, x, shape, None if step is None else pos[step])
+
+    def op_Transpose(self, node) -> None:
+        x = self.data_input(node)
+        shape = self.shapes[x]
+        perm = self.attrs(node).get("perm", list(range(len(shape)))[::-1])
+        moved = [a for a in perm if shape[a] not in (None, 1)]
+        if moved != sorted(moved):
+            raise self.unsupported(node, f"Transpose with perm {list(perm)} of {_fmt(shape)} "
+                                         f"is not supported (it reorders the elements of a "
+                                         f"batch row; only the batch axis and size-1 axes "
+                                         f"may move)")
+        step = self.steps.get(x)
+        self.view(node, x, [shape[a] for a in perm],
+                  None if step is None else list(perm).index(step))
+
+    def _pick(self, node, x: str, axis: int, index: int, keep: bool) -> None:
+        """Element ``index`` of ``axis`` of ``x`` (dropping the axis unless ``keep``): a
+        ``View`` of a size-1 axis, the ``LastStep`` of a sequence, else refused."""
+        shape = list(self.shapes[x])
+        axis %= len(shape)
+        size = shape[axis]
+        out_shape = shape[:axis] + ([1] if keep else []) + shape[axis + 1:]
+        step = self.steps.get(x)
+        if size is None:
+            raise self.unsupported(node, "selecting batch rows is not supported")
+        if size == 1 and index in (0, -1):
+            if step is not None and not keep:
+                step = None if step == axis else step - (step > axis)
+            self.view(node, x, out_shape, step)
+            return
+        if step == axis and index in (-1, size - 1):
+            self.add(node, "LastStep", [x], out_shape, axis=axis)
+            return
+        what = "step" if step == axis else "element"
+        raise self.unsupported(node, f"selecting {what} {index} of axis {axis} of "
+                                     f"{_fmt(shape)} is not supported (only the last step of "
+                                     f"an LSTM / GRU output, or a size-1 axis)")
+
+    def op_Gather(self, node) -> None:
+        x = self.data_input(node)
+        idx = self.const(node.input[1])
+        if idx is None or idx.size != 1:
+            raise self.unsupported(node, "Gather on data needs one constant index")
+        self._pick(node, x, int(self.attrs(node).get("axis", 0)), int(idx.reshape(-1)[0]),
+                   keep=idx.ndim > 0)
+
+    def op_Slice(self, node) -> None:
+        x = self.data_input(node)
+        shape = self.shapes[x]
+        if self.opset < 10:
+            a = self.attrs(node)
+            v = [np.array(a.get("starts")), np.array(a.get("ends")), a.get("axes"), None]
+        else:
+            v = [self.const(i) if i else None for i in list(node.input[1:]) + [""] * 4][:4]
+            if any(v[k] is None and len(node.input) > k + 1 and node.input[k + 1]
+                   for k in range(4)):
+                raise self.unsupported(node, "Slice with computed starts, ends, axes or "
+                                             "steps is not supported")
+        starts, ends = [int(s) for s in v[0]], [int(e) for e in v[1]]
+        axes = [int(a) % len(shape) for a in v[2]] if v[2] is not None else \
+            list(range(len(starts)))
+        steps = [int(s) for s in v[3]] if v[3] is not None else [1] * len(starts)
+        picks = []
+        for st, en, ax, sp in zip(starts, ends, axes, steps):
+            size = shape[ax]
+            if size is None:
+                if (st, sp) == (0, 1) and en >= (1 << 31) - 1:
+                    continue
+                raise self.unsupported(node, "slicing batch rows is not supported")
+            r = range(size)[slice(st, en, sp)]
+            if list(r) == list(range(size)):
+                continue                                    # the whole axis
+            if len(r) == 1:
+                picks.append((ax, r[0]))
+                continue
+            raise self.unsupported(node, f"Slice [{st}:{en}:{sp}] of axis {ax} of "
+                                         f"{_fmt(shape)} is not supported (only the whole "
+                                         f"axis, or its last step of an LSTM / GRU output)")
+        if len(picks) > 1:
+            raise self.unsupported(node, "Slice of more than one axis is not supported")
+        if not picks:
+            self.view(node, x, shape, self.steps.get(x))
+            return
+        self._pick(node, x, picks[0][0], picks[0][1], keep=True)
+
+    def _rnn_const(self, node, i: int, what: str, shape, default=None):
+        if len(node.input) <= i or not node.input[i]:
+            if default is None:
+                raise self.unsupported(node, f"{node.op_type} needs its input {what}")
+            return default
+        v = self.const(node.input[i])
+        if v is None:
+            raise self.unsupported(node, f"{node.op_type} with a computed {what} is not "
+                                         f"supported (only a constant)")
+        v = np.asarray(v, np.float64)
+        if shape is not None and v.shape != tuple(shape):
+            raise self.err(node, f"{what} has shape {v.shape}, not {tuple(shape)}")
+        return v
+
+    def _rnn_state(self, node, i: int, what: str, hidden: int, layout: int) -> np.ndarray:
+        """``initial_h`` / ``initial_c``: one row, the same for every batch row."""
+        if len(node.input) <= i or not node.input[i]:
+            return np.zeros(hidden)
+        v = self._rnn_const(node, i, what, None)
+        rows = v.reshape(-1, hidden) if v.ndim == 3 and v.shape[2] == hidden and \
+            v.shape[1 if layout else 0] == 1 else None
+        if rows is None:
+            raise self.err(node, f"{what} has shape {v.shape}, not "
+                                 f"{'(batch, 1, ' if layout else '(1, batch, '}{hidden})")
+        if np.any(rows != rows[0]):
+            raise self.unsupported(node, f"{what} that differs between batch rows is not "
+                                         f"supported (one state for every sequence)")
+        return rows[0]
+
+    def _rnn_common(self, node, extra_refused: dict):
+        """Checks shared by LSTM and GRU; returns x, steps, inputs, hidden, layout, attrs."""
+        op = node.op_type
+        a = self.attrs(node)
+        def refuse(attr, why):
+            raise self.unsupported(node, f"attribute {attr}: {why}")
+        direction = a.get("direction", b"forward")
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        if direction != "forward":
+            refuse("direction", f"{direction!r} is not supported (only 'forward')")
+        acts = a.get("activations")
+        if acts is not None:
+            acts = [x.decode() if isinstance(x, bytes) else x for x in acts]
+            if [x.lower() for x in acts] != _DEFAULT_ACTS[op]:
+                refuse("activations", f"{acts} are not supported (only the defaults "
+                                      f"{[x.capitalize() for x in _DEFAULT_ACTS[op]]})")
+        if "clip" in a:
+            refuse("clip", f"clip={a['clip']} is not supported (no cell clipping)")
+        for attr, why in extra_refused.items():
+            if a.get(attr, 0):
+                refuse(attr, why)
+        layout = int(a.get("layout", 0))
+        if layout not in (0, 1):
+            refuse("layout", f"{layout} is not supported")
+        x = self.data_input(node)
+        shape = self.shapes[x]
+        seq_axis, batch_axis = (1, 0) if layout else (0, 1)
+        if len(shape) != 3 or shape[batch_axis] is not None or shape[seq_axis] is None:
+            want = "(batch, seq_length, input_size)" if layout else \
+                "(seq_length, batch, input_size)"
+            raise self.unsupported(node, f"input X of shape {_fmt(shape)} is not supported "
+                                         f"(needs {want} with layout={layout})")
+        steps, size = shape[seq_axis], shape[2]
+        hidden = a.get("hidden_size")
+        w = self._rnn_const(node, 1, "W", None)
+        gates = 4 if op == "LSTM" else 3
+        if hidden is None:
+            hidden = w.shape[1] // gates
+        hidden = int(hidden)
+        if w.shape != (1, gates * hidden, size):
+            raise self.err(node, f"W has shape {w.shape}, not (1, {gates * hidden}, {size})")
+        r = self._rnn_const(node, 2, "R", (1, gates * hidden, hidden))
+        b = self._rnn_const(node, 3, "B", (1, 2 * gates * hidden),
+                            np.zeros((1, 2 * gates * hidden)))
+        if len(node.input) > 4 and node.input[4]:
+            lens = self.const(node.input[4])
+            if lens is None or np.any(np.asarray(lens) != steps):
+                raise self.unsupported(node, f"input sequence_lens is supported only as a "
+                                             f"constant equal to the sequence length "
+                                             f"{steps} for every batch row")
+        return x, steps, size, hidden, layout, w[0], r[0], b[0]
+
+    def _rnn_outputs(self, node, ir_inputs, steps, hidden, layout, **attrs) -> None:
+        op = node.op_type
+        used = [bool(n) and self.uses.get(n, 0) > 0 for n in node.output]
+        if op == "LSTM" and len(used) > 2 and used[2]:
+            raise self.unsupported(node, "output Y_c (the last cell state) is not supported "
+                                         "(only Y and Y_h)")
+        base = node.name or node.output[0] or node.output[1]
+        y = node.output[0] if node.output and node.output[0] else f"{base}.Y"
+        y_shape = (None, steps, 1, hidden) if layout else (steps, 1, None, hidden)
+        self.new_tensor(node, y, y_shape)
+        self.ir.add_node(Node(node.name or y, op, [ir_inputs[0], *ir_inputs[1:]], [y],
+                              dict(steps=steps, hidden=hidden, **attrs),
+                              (node.name, op)))
+        self.steps[y] = 1 if layout else 0
+        if len(used) > 1 and used[1]:
+            yh = node.output[1]
+            self.new_tensor(node, yh, (None, 1, hidden) if layout else (1, None, hidden))
+            self.ir.add_node(Node(f"{node.name or y}.Y_h", "LastStep", [y], [yh],
+                                  {"axis": self.steps[y]}, (node.name, op)))
+
+    def _rnn_inits(self, node, **arrays) -> list:
+        base = node.name or node.output[0] or node.output[1]
+        names = []
+        for key, value in arrays.items():
+            self.ir.initializers[f"{base}.{key}"] = np.ascontiguousarray(value, np.float32)
+            names.append(f"{base}.{key}")
+        return names
+
+    def op_LSTM(self, node) -> None:
+        if len(node.input) > 7 and node.input[7]:
+            raise self.unsupported(node, "input P (peepholes) is not supported")
+        x, steps, size, hidden, layout, w, r, b = self._rnn_common(
+            node, {"input_forget": "input_forget=1 (coupled input and forget gates) is not "
+                                   "supported"})
+        blk = lambda a, k: a[k * hidden:(k + 1) * hidden]
+        order = [LSTM_GATES[g] for g in "fioc"]
+        wb, rb = b[:4 * hidden], b[4 * hidden:]
+        names = self._rnn_inits(
+            node, W=np.concatenate([blk(w, k) for k in order]),
+            R=np.concatenate([blk(r, k) for k in order]),
+            b=np.concatenate([blk(wb, k) + blk(rb, k) for k in order]),
+            h0=self._rnn_state(node, 5, "initial_h", hidden, layout),
+            c0=self._rnn_state(node, 6, "initial_c", hidden, layout))
+        self._rnn_outputs(node, [x, *names], steps, hidden, layout)
+
+    def op_GRU(self, node) -> None:
+        x, steps, size, hidden, layout, w, r, b = self._rnn_common(node, {})
+        lbr = int(self.attrs(node).get("linear_before_reset", 0))
+        blk = lambda a, k: a[k * hidden:(k + 1) * hidden]
+        order = [GRU_GATES[g] for g in "zrn"]
+        wb, rb = b[:3 * hidden], b[3 * hidden:]
+        z, rr, n = order
+        bias = [blk(wb, z) + blk(rb, z), blk(wb, rr) + blk(rb, rr)]
+        bias += [blk(wb, n), blk(rb, n)] if lbr else [blk(wb, n) + blk(rb, n),
+                                                      np.zeros(hidden)]
+        names = self._rnn_inits(
+            node, W=np.concatenate([blk(w, k) for k in order]),
+            R=np.concatenate([blk(r, k) for k in order]), b=np.concatenate(bias),
+            h0=self._rnn_state(node, 5, "initial_h", hidden, layout))
+        self._rnn_outputs(node, [x, *names], steps, hidden, layout,
+                          linear_before_reset=1 if lbr else 0)
+
+def _feats(shape) -> int:
+    """Elements per batch row of an importer shape (``None`` the batch axis)."""
+    return int(np.prod([d for d in shape if d is not None], dtype=np.int64))
 
 
 def _fmt(shape) -> str:

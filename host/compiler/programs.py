@@ -37,7 +37,8 @@ from host.spec.mfu import MfuOp, MfuUnit, allocate
 
 __all__ = [
     "Ref", "Program", "Builder", "native", "logical", "mlp_layer", "lstm_sequence",
-    "lstm_step", "gru_step", "conv1x1", "conv2d", "softmax_head",
+    "lstm_step", "gru_step", "conv1x1", "conv2d", "softmax_head", "emit_lstm", "emit_gru",
+    "gru_sequence",
 ]
 
 
@@ -464,51 +465,10 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
                    [f"b_{g}" for g in _GATES], h_len, x_len,
                    f"h0 of shape {h0.shape} and xs of shape {xs.shape}")
     bld = Builder(config)
-    nt = bld.tiles
-    slots = {k: bld.matrix(wts[k], f"weights[{k!r}]") for k in
-             [f"W_{g}" for g in _GATES] + [f"U_{g}" for g in _GATES]}
-    bias = {g: bld.place(Space.ASVRF0, wts[f"b_{g}"]) for g in _GATES}
-    xw = [{g: bld.alloc(Space.ASVRF0, nt(h_len)) for g in _GATES} for _ in range(2)]
-    x = [bld.alloc(Space.IVRF, nt(x_len)) for _ in range(2)]
-    h = bld.place(Space.IVRF, h0, "h0")
-    c = bld.place(Space.MULVRF0, c0, "c0")
-    i_gate = bld.alloc(Space.MULVRF0, nt(h_len))
-    o_gate = bld.alloc(Space.MULVRF0, nt(h_len))
-    fc = bld.alloc(Space.ASVRF1, nt(h_len))
+    state = emit_lstm(bld, bld, wts, steps, x_len, h_len, h0, c0, step_writes=["netq"])
     bld.push(xs, "xs")
-
-    def copy(t):
-        if t < steps:
-            bld.chain("netq", rows=x_len, writes=[x[t % 2]])
-
-    def product(t, g):
-        if t < steps:
-            bld.chain(x[t % 2], rows=h_len, mv_mul=slots[f"W_{g}"], cols=x_len,
-                      ops=[("vv", "add", bias[g])], writes=[xw[t % 2][g]])
-
-    copy(0)
-    for g in _GATES:
-        product(0, g)
-    for t in range(steps):
-        p = t % 2
-
-        def gate(g, ops, out):
-            bld.chain(h, rows=h_len, mv_mul=slots[f"U_{g}"], cols=h_len,
-                      ops=[("vv", "add", xw[p][g])] + ops, writes=[out])
-
-        copy(t + 1)
-        # o before c: c needs f and i, so a product stands between them and c's.
-        gate("f", [("unary", "sigmoid"), ("vv", "mul", c)], fc)
-        gate("i", [("unary", "sigmoid")], i_gate)
-        gate("o", [("unary", "sigmoid")], o_gate)
-        gate("c", [("unary", "tanh"), ("vv", "mul", i_gate), ("vv", "add", fc)], c)
-        for g in "fio":
-            product(t + 1, g)
-        bld.chain(c, rows=h_len, ops=[("unary", "tanh"), ("vv", "mul", o_gate)],
-                  writes=[h, "netq"])
-        product(t + 1, "c")
     prog = bld.finish()
-    prog.refs.update(h=h, c=c)
+    prog.refs.update(h=state["h"], c=state["c"])
     return prog
 
 
@@ -553,40 +513,11 @@ def gru_step(config: NpuConfig, weights, x, h0) -> Program:
     """
     x = _vector(x, "x")
     h0 = _vector(h0, "h0")
-    x_len, h_len = len(x), len(h0)
-    wts = _weights(weights, ["W_z", "W_r", "W_n", "U_z", "U_r", "U_n"],
-                   ["b_z", "b_r", "b_n", "b_hn"], h_len, x_len,
-                   f"h0 of shape {h0.shape} and x of shape {x.shape}")
-    bld = Builder(config)
-    nt = bld.tiles
-    slots = {k: bld.matrix(wts[k], f"weights[{k!r}]") for k in
-             ("W_z", "W_r", "W_n", "U_z", "U_r", "U_n")}
-    bias = {k: bld.place(Space.ASVRF0, wts[f"b_{k}"]) for k in ("z", "r", "n", "hn")}
-    xw = {"z": bld.alloc(Space.ASVRF0, nt(h_len)), "r": bld.alloc(Space.ASVRF0, nt(h_len)),
-          "n": bld.alloc(Space.ASVRF1, nt(h_len))}
-    xv = bld.alloc(Space.IVRF, nt(x_len))
-    h = bld.place(Space.IVRF, h0, "h0")
-    h_op = bld.place(Space.ASVRF0, h0, "h0")        # h as an add/sub operand
-    z = bld.alloc(Space.MULVRF0, nt(h_len))
-    r = bld.alloc(Space.MULVRF0, nt(h_len))
-    n_iv = bld.alloc(Space.IVRF, nt(h_len))
-    n_op = bld.alloc(Space.ASVRF1, nt(h_len))
-    bld.push(x, "x")
-    bld.chain("netq", rows=x_len, writes=[xv])
-    for k in ("z", "r", "n"):
-        bld.chain(xv, rows=h_len, mv_mul=slots[f"W_{k}"], cols=x_len,
-                  ops=[("vv", "add", bias[k])], writes=[xw[k]])
-    for k, out in (("z", z), ("r", r)):
-        bld.chain(h, rows=h_len, mv_mul=slots[f"U_{k}"], cols=h_len,
-                  ops=[("vv", "add", xw[k]), ("unary", "sigmoid")], writes=[out])
-    bld.chain(h, rows=h_len, mv_mul=slots["U_n"], cols=h_len,
-              ops=[("vv", "add", bias["hn"]), ("vv", "mul", r), ("vv", "add", xw["n"]),
-                   ("unary", "tanh")], writes=[n_iv, n_op])
-    bld.chain(n_iv, rows=h_len, ops=[("vv", "b_sub_a", h_op), ("vv", "mul", z),
-                                     ("vv", "add", n_op)], writes=[h, h_op, "netq"])
-    prog = bld.finish()
-    prog.refs.update(h=h)
-    return prog
+    # Checked here too, so that a refusal names this function's own arguments.
+    _weights(weights, ["W_z", "W_r", "W_n", "U_z", "U_r", "U_n"],
+             ["b_z", "b_r", "b_n", "b_hn"], len(h0), len(x),
+             f"h0 of shape {h0.shape} and x of shape {x.shape}")
+    return gru_sequence(config, weights, x[None], h0)
 
 
 # --- convolutions (seed 004, tables 2 and 3) ------------------------------------------------
@@ -759,3 +690,158 @@ def softmax_head(config: NpuConfig, w, b, x) -> Program:
     bld.chain(e_iv, rows=rows, ops=[("reduce", "sum"), ("unary", "recip"),
                                     ("vv", "mul", e_op)], writes=["netq"])
     return bld.finish()
+
+
+# --- recurrent layers inside a larger program (the network compiler) ---------------------------
+
+def emit_lstm(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h0, c0, *,
+              source="netq", step_writes=(), final_writes=()) -> dict:
+    """Emit :func:`lstm_sequence`'s chains into ``bld`` (the same arithmetic, chain order
+    and, with ``mem = bld``, the same memory layout and instructions), for a program that
+    holds more than this layer.
+
+    ``mem`` places the layer's data: ``mem.matrix(w, name) -> slot``,
+    ``mem.place(space, values, name) -> Ref`` (biases), ``mem.alloc(space, length) -> Ref``
+    (scratch) and, if it has one, ``mem.state(space, values, name) -> Ref`` for ``h0``,
+    ``c0`` (the state the program overwrites; a network writes it before every job),
+    else ``mem.place``. ``wts`` holds FP16 bits as :func:`lstm_sequence`'s ``weights``.
+    ``source`` is where the steps' inputs come from (``"netq"``: ``steps`` logical
+    vectors of ``x_len`` elements). Every step's ``h`` chain writes ``h`` and
+    ``step_writes`` (``["netq"]``: every step's ``h`` to the output queue); the last one
+    also ``final_writes``. Returns the Refs ``{"h", "c"}`` of the final state.
+    """
+    nt = bld.tiles
+    state = getattr(mem, "state", mem.place)
+    slots = {k: mem.matrix(wts[k], f"weights[{k!r}]") for k in
+             [f"W_{g}" for g in _GATES] + [f"U_{g}" for g in _GATES]}
+    bias = {g: mem.place(Space.ASVRF0, wts[f"b_{g}"], f"b_{g}") for g in _GATES}
+    xw = [{g: mem.alloc(Space.ASVRF0, nt(h_len)) for g in _GATES} for _ in range(2)]
+    x = [mem.alloc(Space.IVRF, nt(x_len)) for _ in range(2)]
+    h = state(Space.IVRF, h0, "h0")
+    c = state(Space.MULVRF0, c0, "c0")
+    i_gate = mem.alloc(Space.MULVRF0, nt(h_len))
+    o_gate = mem.alloc(Space.MULVRF0, nt(h_len))
+    fc = mem.alloc(Space.ASVRF1, nt(h_len))
+
+    def copy(t):
+        if t < steps:
+            bld.chain(source, rows=x_len, writes=[x[t % 2]])
+
+    def product(t, g):
+        if t < steps:
+            bld.chain(x[t % 2], rows=h_len, mv_mul=slots[f"W_{g}"], cols=x_len,
+                      ops=[("vv", "add", bias[g])], writes=[xw[t % 2][g]])
+
+    copy(0)
+    for g in _GATES:
+        product(0, g)
+    for t in range(steps):
+        p = t % 2
+
+        def gate(g, ops, out):
+            bld.chain(h, rows=h_len, mv_mul=slots[f"U_{g}"], cols=h_len,
+                      ops=[("vv", "add", xw[p][g])] + ops, writes=[out])
+
+        copy(t + 1)
+        gate("f", [("unary", "sigmoid"), ("vv", "mul", c)], fc)
+        gate("i", [("unary", "sigmoid")], i_gate)
+        gate("o", [("unary", "sigmoid")], o_gate)
+        gate("c", [("unary", "tanh"), ("vv", "mul", i_gate), ("vv", "add", fc)], c)
+        for g in "fio":
+            product(t + 1, g)
+        bld.chain(c, rows=h_len, ops=[("unary", "tanh"), ("vv", "mul", o_gate)],
+                  writes=[h, *step_writes, *(final_writes if t == steps - 1 else ())])
+        product(t + 1, "c")
+    return {"h": h, "c": c, "scratch": x}
+
+
+def emit_gru(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h0, *,
+             linear_before_reset: bool = True, source="netq", step_writes=(),
+             final_writes=()) -> dict:
+    """Emit a GRU over ``steps`` inputs into ``bld`` (``mem``, ``source``, ``step_writes``,
+    ``final_writes`` as :func:`emit_lstm`; ``h0`` is state). ``wts``: ``W_z, W_r, W_n``
+    ``(H, X)``, ``U_z, U_r, U_n`` ``(H, H)``, ``b_z, b_r, b_n`` and, with
+    ``linear_before_reset``, ``b_hn`` ``(H,)``. Per step, ``+``, ``*`` FP16 ``binary``
+    ops::
+
+        xw_k = mvm(W_k, x) + b_k                       k in z, r, n
+        z = sigmoid(mvm(U_z, h) + xw_z)
+        r = sigmoid(mvm(U_r, h) + xw_r)
+        n = tanh((mvm(U_n, h) + b_hn) * r + xw_n)      linear_before_reset (gru_step's)
+        n = tanh(mvm(U_n, h * r) + xw_n)               otherwise (ONNX's default; b_n
+                                                       then holds both of n's biases)
+        h' = (h - n) * z + n                           written to h (IVRF and ASVRF0)
+
+    With ``linear_before_reset``, one step and ``mem = bld`` it emits :func:`gru_step`'s
+    chains and layout exactly. Returns the Refs ``{"h"}``.
+    """
+    nt = bld.tiles
+    state = getattr(mem, "state", mem.place)
+    lbr = bool(linear_before_reset)
+    slots = {k: mem.matrix(wts[k], f"weights[{k!r}]") for k in
+             ("W_z", "W_r", "W_n", "U_z", "U_r", "U_n")}
+    bias = {k: mem.place(Space.ASVRF0, wts[f"b_{k}"], f"b_{k}")
+            for k in (("z", "r", "n", "hn") if lbr else ("z", "r", "n"))}
+    xw = {"z": mem.alloc(Space.ASVRF0, nt(h_len)), "r": mem.alloc(Space.ASVRF0, nt(h_len)),
+          "n": mem.alloc(Space.ASVRF1 if lbr else Space.ASVRF0, nt(h_len))}
+    xv = mem.alloc(Space.IVRF, nt(x_len))
+    h = state(Space.IVRF, h0, "h0")
+    h_op = state(Space.ASVRF0, h0, "h0")            # h as an add/sub operand
+    z = mem.alloc(Space.MULVRF0, nt(h_len))
+    r = mem.alloc(Space.MULVRF0, nt(h_len))
+    n_iv = mem.alloc(Space.IVRF, nt(h_len))
+    n_op = mem.alloc(Space.ASVRF1, nt(h_len))
+    rh = None if lbr else mem.alloc(Space.IVRF, nt(h_len))
+    for t in range(steps):
+        bld.chain(source, rows=x_len, writes=[xv])
+        for k in ("z", "r", "n"):
+            bld.chain(xv, rows=h_len, mv_mul=slots[f"W_{k}"], cols=x_len,
+                      ops=[("vv", "add", bias[k])], writes=[xw[k]])
+        for k, out in (("z", z), ("r", r)):
+            bld.chain(h, rows=h_len, mv_mul=slots[f"U_{k}"], cols=h_len,
+                      ops=[("vv", "add", xw[k]), ("unary", "sigmoid")], writes=[out])
+        if lbr:
+            bld.chain(h, rows=h_len, mv_mul=slots["U_n"], cols=h_len,
+                      ops=[("vv", "add", bias["hn"]), ("vv", "mul", r),
+                           ("vv", "add", xw["n"]), ("unary", "tanh")], writes=[n_iv, n_op])
+        else:
+            bld.chain(h, rows=h_len, ops=[("vv", "mul", r)], writes=[rh])
+            bld.chain(rh, rows=h_len, mv_mul=slots["U_n"], cols=h_len,
+                      ops=[("vv", "add", xw["n"]), ("unary", "tanh")], writes=[n_iv, n_op])
+        bld.chain(n_iv, rows=h_len, ops=[("vv", "b_sub_a", h_op), ("vv", "mul", z),
+                                         ("vv", "add", n_op)],
+                  writes=[h, h_op, *step_writes, *(final_writes if t == steps - 1 else ())])
+    return {"h": h, "scratch": [xv, n_iv] + ([rh] if rh is not None else [])}
+
+
+def gru_sequence(config: NpuConfig, weights, xs, h0, *, linear_before_reset: bool = True) \
+        -> Program:
+    """A GRU over the sequence ``xs`` (``(T, X)``) from state ``h0`` (``(H,)``): the
+    arithmetic of :func:`emit_gru` (``weights`` as :func:`gru_step`'s; without
+    ``linear_before_reset`` no ``b_hn``: ``b_n`` is both of n's biases). Every step's
+    ``h`` is pushed to the output queue; ``refs["h"]`` holds the last. One step with
+    ``linear_before_reset`` is :func:`gru_step`'s program.
+
+    Raises
+    ------
+    TypeError, ValueError
+        as :func:`gru_step` (``xs`` must be ``(X,)`` or ``(T >= 1, X >= 1)``).
+    """
+    xs = fp16_bits(xs, "xs")
+    if xs.ndim == 1:
+        xs = xs[None]
+    if xs.ndim != 2 or 0 in xs.shape:
+        raise ValueError(f"xs must have shape (X,) or (steps >= 1, X >= 1), not {xs.shape}")
+    steps, x_len = xs.shape
+    h0 = _vector(h0, "h0")
+    h_len = len(h0)
+    wts = _weights(weights, ["W_z", "W_r", "W_n", "U_z", "U_r", "U_n"],
+                   ["b_z", "b_r", "b_n"] + (["b_hn"] if linear_before_reset else []),
+                   h_len, x_len, f"h0 of shape {h0.shape} and xs of shape {xs.shape}")
+    bld = Builder(config)
+    refs = emit_gru(bld, bld, wts, steps, x_len, h_len, h0,
+                    linear_before_reset=linear_before_reset, step_writes=["netq"])
+    bld.push(xs, "xs")
+    prog = bld.finish()
+    prog.refs.update(h=refs["h"])
+    return prog
