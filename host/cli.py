@@ -244,23 +244,23 @@ def _run(dev, args, image, x) -> None:
                           f"{args.output}")
 
 
+def _image_build(args, image):
+    """The build of ``--build`` if given, else the one the image was compiled for."""
+    from host.spec.config import parse_config
+    try:
+        return parse_config(args.build) if args.build is not None else image.build()
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(f"bad build for {args.image}: {exc}") from None
+
+
 def _deps(args) -> None:
     """``npu deps``: the image's chains and their dependencies (``docs/deps.md``); text,
     ``--json`` or ``--dot`` on stdout. Needs no device."""
     from host.compiler.deps import dependency_graph
-    from host.spec.config import NpuConfig, parse_config
     if args.dot and args.json:
         raise _UsageError("choose one of --dot and --json")
     image = _load_image(args.image)
-    try:
-        if args.build is not None:
-            config = parse_config(args.build)
-        elif image.config:
-            config = NpuConfig(**image.config)
-        else:
-            config = NpuConfig()
-    except (TypeError, ValueError) as exc:
-        raise _UsageError(f"bad build for {args.image}: {exc}") from None
+    config = _image_build(args, image)
     try:
         graph = dependency_graph(image.program, config, registers=args.registers)
     except ValueError as exc:
@@ -273,17 +273,8 @@ def _export(args) -> None:
     """``npu export``: the image as one Python module needing only NumPy, and its ``.npz``
     (``docs/export.md``). Needs no device."""
     from host.compiler.export import ExportError, export_image
-    from host.spec.config import NpuConfig, parse_config
     image = _load_image(args.image)
-    try:
-        if args.build is not None:
-            config = parse_config(args.build)
-        elif image.config:
-            config = NpuConfig(**image.config)
-        else:
-            config = NpuConfig()
-    except (TypeError, ValueError) as exc:
-        raise _UsageError(f"bad build for {args.image}: {exc}") from None
+    config = _image_build(args, image)
     start = time.monotonic()
     try:
         py, npz = export_image(image, args.output, config=config, source=args.image)

@@ -41,6 +41,8 @@ import numpy as np
 from host.spec.config import NpuConfig
 from host.spec.isa import (
     REG_DEFAULTS,
+    chain_mfu_ops,
+    operand_vrf,
     Instruction,
     IsaError,
     Opcode,
@@ -52,7 +54,7 @@ from host.spec.isa import (
     parse_chain,
     register_limits,
 )
-from host.spec.mfu import MfuOp, MfuUnit, allocate
+from host.spec.mfu import MfuUnit, allocate
 
 __all__ = [
     "KINDS",
@@ -294,21 +296,12 @@ def _analyse(config, index, chain, setup, regs, fetch, q_in, q_out) -> ChainInfo
                          f"vectors, more than max_length {config.max_length}")
     used = {Reg.ROWS, Reg.ITERATIONS}
     # The VRF of every vv operand, by the allocation rule (as the model places them).
-    mfu_ops = []
-    for ins in chain.ops:
-        if ins.opcode is Opcode.VV:
-            mfu_ops.append(MfuOp.binary(ins.func, ins.operand))
-        elif ins.opcode is Opcode.V_UNARY:
-            mfu_ops.append(MfuOp.unary(ins.func))
-        else:
-            mfu_ops.append(MfuOp.reduce(ins.func))
     try:
-        placed = allocate(mfu_ops, config.mfus)
+        placed = allocate(chain_mfu_ops(chain), config.mfus)
     except ValueError as exc:
         raise ValueError(f"instruction {at}: the chain's ops do not fit the MFUs: "
                          f"{exc}") from None
-    vv_spaces = iter([Space.asvrf(m) if op.unit is MfuUnit.ADDSUB else Space.mulvrf(m)
-                      for m, ops in enumerate(placed) for op in ops
+    vv_spaces = iter([operand_vrf(op.unit, m) for m, ops in enumerate(placed) for op in ops
                       if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL)])
     for ins in (chain.read,) + chain.writes:
         s = ins.space

@@ -790,9 +790,7 @@ def _config_value(v):
 def _config_of(image: NetworkImage, config):
     if config is not None:
         return config
-    if image.config:
-        return NpuConfig(**image.config)
-    return NpuConfig()
+    return image.build()
 
 
 def export_image(image, path, *, config: NpuConfig | None = None,

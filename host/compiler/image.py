@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -33,8 +32,7 @@ def program_image(program, *, per_job_vectors: bool = True) -> NetworkImage:
         start, count = slot * per_slot, cfg.mvm.slots_needed(rows, cols) * per_slot
         memories.append((Space.MRF, start, scratch.read(Space.MRF, start, count)))
     vectors = [(Space(s), int(a), np.asarray(d, np.uint16)) for s, a, d in program.vectors]
-    config = dataclasses.asdict(cfg)
-    config["unary_ops"] = [op.name.lower() for op in cfg.unary_ops]
+    config = cfg.to_dict()
     inputs = 0 if program.inputs is None else len(program.inputs)
     return NetworkImage(program=program.words,
                         memories=memories + ([] if per_job_vectors else vectors),

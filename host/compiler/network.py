@@ -135,8 +135,7 @@ class Network:
             raise ValueError("the image has no signature (extra['signature']): it was not "
                              "compiled from a model; use npu run with native vectors")
         self.image = image
-        config = dict(image.config or {})
-        self.config = NpuConfig(**config) if config else NpuConfig()
+        self.config = image.build()
         self.signature = image.extra["signature"]
 
     @classmethod

@@ -32,7 +32,9 @@ from host.numerics import bfp
 from host.numerics.mvm import fp16_bits
 from host.spec.config import NpuConfig
 from host.spec.formats import Rounding, check_int
-from host.spec.isa import REG_DEFAULTS, Instruction, Reg, Space, encode_program, mnemonic
+from host.spec.isa import (
+    REG_DEFAULTS, Instruction, Reg, Space, encode_program, mnemonic, operand_vrf,
+)
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 
 __all__ = [
@@ -112,6 +114,17 @@ def _vector(x, name: str) -> np.ndarray:
     if bits.ndim != 1 or not len(bits):
         raise ValueError(f"{name} must be a vector of shape (length >= 1,), not {bits.shape}")
     return bits
+
+
+def _sequence(xs) -> np.ndarray:
+    """A recurrent layer's inputs ``xs`` as FP16 bits ``(steps, X)``; one input ``(X,)``
+    is one step."""
+    xs = fp16_bits(xs, "xs")
+    if xs.ndim == 1:
+        xs = xs[None]
+    if xs.ndim != 2 or 0 in xs.shape:
+        raise ValueError(f"xs must have shape (X,) or (steps >= 1, X >= 1), not {xs.shape}")
+    return xs
 
 
 def _shaped(x, name: str, shape: tuple, why: str) -> np.ndarray:
@@ -323,7 +336,7 @@ class Builder:
         for m, placed in enumerate(allocate(mfu_ops, self.config.mfus)):
             for op in placed:
                 if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
-                    want = Space.asvrf(m) if op.unit is MfuUnit.ADDSUB else Space.mulvrf(m)
+                    want = operand_vrf(op.unit, m)
                     if refs[k].space is not want:
                         raise ValueError(f"operand {k} ({op}) lands in MFU {m} and reads "
                                          f"{want.name}, not {refs[k].space.name}")
@@ -452,11 +465,7 @@ def lstm_sequence(config: NpuConfig, weights, xs, h0, c0) -> Program:
         shape ``(H,)``, ``W_*`` must be ``(H, X)``, ``U_*`` ``(H, H)``; the message names
         both shapes); an empty ``xs`` or ``h0``; a missing weight.
     """
-    xs = fp16_bits(xs, "xs")
-    if xs.ndim == 1:
-        xs = xs[None]
-    if xs.ndim != 2 or 0 in xs.shape:
-        raise ValueError(f"xs must have shape (X,) or (steps >= 1, X >= 1), not {xs.shape}")
+    xs = _sequence(xs)
     steps, x_len = xs.shape
     h0 = _vector(h0, "h0")
     h_len = len(h0)
@@ -827,11 +836,7 @@ def gru_sequence(config: NpuConfig, weights, xs, h0, *, linear_before_reset: boo
     TypeError, ValueError
         as :func:`gru_step` (``xs`` must be ``(X,)`` or ``(T >= 1, X >= 1)``).
     """
-    xs = fp16_bits(xs, "xs")
-    if xs.ndim == 1:
-        xs = xs[None]
-    if xs.ndim != 2 or 0 in xs.shape:
-        raise ValueError(f"xs must have shape (X,) or (steps >= 1, X >= 1), not {xs.shape}")
+    xs = _sequence(xs)
     steps, x_len = xs.shape
     h0 = _vector(h0, "h0")
     h_len = len(h0)

@@ -24,7 +24,7 @@ from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, Rounding, block_bytes, check_int
 from host.spec.isa import (
     REG_DEFAULTS, Chain, ErrorCode, Instruction, IsaError, Opcode, Reg, Space, decode,
-    parse_chain, register_limits,
+    chain_mfu_ops, operand_vrf, parse_chain, register_limits,
 )
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.model.mfu import MfuVrfs, run_chain
@@ -653,28 +653,18 @@ class NpuModel:
         length = -(-rows // n)
         iters = regs[Reg.ITERATIONS]
         # The MFU ops, their allocation and the VRF each vv operand lives in.
-        mfu_ops = []
         for k, ins in enumerate(chain.ops):
-            idx = at + (2 if chain.mv_mul else 1) + k
-            if ins.opcode is Opcode.VV:
-                mfu_ops.append(MfuOp.binary(ins.func, ins.operand))
-            elif ins.opcode is Opcode.V_UNARY:
-                if ins.func not in cfg.unary_ops:
-                    fail(ErrorCode.ILLEGAL_OPCODE, f"{ins}: {ins.func.name.lower()} is not "
-                                                   f"built", idx)
-                mfu_ops.append(MfuOp.unary(ins.func))
-            else:
-                mfu_ops.append(MfuOp.reduce(ins.func))
+            if ins.opcode is Opcode.V_UNARY and ins.func not in cfg.unary_ops:
+                fail(ErrorCode.ILLEGAL_OPCODE, f"{ins}: {ins.func.name.lower()} is not "
+                                               f"built", at + (2 if chain.mv_mul else 1) + k)
+        mfu_ops = chain_mfu_ops(chain)
         try:
             placed = allocate(mfu_ops, cfg.mfus)
         except ValueError as e:
             fail(ErrorCode.CHAIN_STRUCTURE, f"the chain's ops do not fit the MFUs: {e}")
-        where = []                     # (Instruction, Space) of every vv op, chain order
-        for m, ops in enumerate(placed):
-            for op in ops:
-                if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
-                    space = Space.asvrf(m) if op.unit is MfuUnit.ADDSUB else Space.mulvrf(m)
-                    where.append(space)
+        # The VRF of every vv op, in chain order.
+        where = [operand_vrf(op.unit, m) for m, ops in enumerate(placed) for op in ops
+                 if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL)]
         vv = [ins for ins in chain.ops if ins.opcode is Opcode.VV]
 
         for ins, idx in [(chain.read, at)] + [(w, chain.stop - 1 - len(chain.writes) + k)

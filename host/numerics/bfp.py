@@ -481,19 +481,8 @@ def _unpack_fields(rows: np.ndarray, n: int, m: int) -> tuple[np.ndarray, np.nda
 
 
 def _pack_reference(t: BfpTensor) -> np.ndarray:
-    """Reference form of :func:`pack` (kept as its test oracle).
-
-    Pack a :class:`BfpTensor` into the device byte layout.
-
-    Each block becomes ``block_bytes(block_size, mantissa_bits)`` bytes: the E8M0 code,
-    then the mantissas as ``m``-bit two's complement fields, least significant bit first,
-    zero padded to a whole byte (the bits of :func:`host.spec.formats.block_layout`). Blocks
-    follow one another in C order of ``t.exponents``.
-
-    Returns
-    -------
-    numpy.ndarray of uint8, 1-D
-    """
+    """Reference form of :func:`pack`, field by field at the bit level: the widths the
+    fast form does not take go here, and the tests hold the fast form to it."""
     if not isinstance(t, BfpTensor):
         raise TypeError(f"pack expects a BfpTensor, not {type(t).__name__}")
     n, m = t.block_size, t.mantissa_bits

@@ -187,24 +187,9 @@ def fixed_to_fp16_exact(a, lsb_exponent: int, rounding=Rounding.NEAREST_EVEN,
     """Convert exact integers ``a * 2**lsb_exponent`` to FP16, rounding once.
 
     The executable definition of the MVM's BFP-long to FP16 converter, one element at a
-    time in Python integers; :func:`fixed_to_fp16` is the fast form, tested equal to it.
-    ``a`` may hold Python integers of any size (``object`` arrays) or NumPy integers.
-
-    Parameters
-    ----------
-    a : integer array
-    lsb_exponent : int
-        Weight of the least significant bit of ``a``.
-    rounding : Rounding
-        The MVM uses nearest-even; nearest-away is offered for conformance tests.
-    saturate : bool
-        True (the MVM): results beyond the FP16 range become +-65504. False: +-inf (IEEE).
-
-    Returns
-    -------
-    bits : uint16 array, FP16 patterns. Zero is +0; a negative value that rounds to zero
-        is -0, as in IEEE 754.
-    overflow : bool array, True where the rounded magnitude exceeded 65504.
+    time in Python integers; :func:`fixed_to_fp16` is the fast form, tested equal to it,
+    and documents the parameters and results. ``a`` may hold Python integers of any size
+    (``object`` arrays) or NumPy integers.
     """
     away = Rounding.parse(rounding) is Rounding.NEAREST_AWAY
     lsb = int(lsb_exponent)
@@ -342,6 +327,20 @@ class MvmResult(NamedTuple):
     output_saturated: int       # results clamped to +-65504
 
 
+def _matrix_shape(x_bits, codes_w, qw, n: int) -> tuple[int, int, int]:
+    """``(rows, width, C)`` of a product's matrix, checked against its exponent codes and
+    the input ``x_bits`` (``(..., cols)``); ValueError naming the shapes otherwise."""
+    rows, width = np.shape(qw)
+    c = width // n
+    if width != c * n or np.shape(codes_w) != (rows, c):
+        raise ValueError(f"qw {np.shape(qw)} and codes_w {np.shape(codes_w)} do not hold "
+                         f"{c} blocks of {n} per row")
+    if x_bits.shape[-1] > width:
+        raise ValueError(f"x has {x_bits.shape[-1]} elements but the matrix has {width} "
+                         f"columns")
+    return rows, width, c
+
+
 def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
               rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
               narrow_width: int = 64) -> MvmResult:
@@ -359,24 +358,13 @@ def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bit
         its rows in blocks of ``n`` (``host.numerics.bfp.quantize`` or the matrix quantizer).
     n : native dimension; the vector is zero padded to ``C * n`` and quantized per
         native vector with the given rounding and static exponent.
-    accumulators : bool
-        False leaves ``MvmResult.accumulators`` None: the exact BFP-long values are
-        Python integers, costly to build, and the device's outputs and counts do not
-        need them (the model and the exported layers pass False).
 
     Returns
     -------
     MvmResult
     """
     x_bits = np.asarray(x_bits, np.uint16)
-    rows, width = np.shape(qw)
-    c = width // n
-    if width != c * n or np.shape(codes_w) != (rows, c):
-        raise ValueError(f"qw {np.shape(qw)} and codes_w {np.shape(codes_w)} do not hold "
-                         f"{c} blocks of {n} per row")
-    if x_bits.shape[-1] > width:
-        raise ValueError(f"x has {x_bits.shape[-1]} elements but the matrix has {width} "
-                         f"columns")
+    rows, width, c = _matrix_shape(x_bits, codes_w, qw, n)
     xv = bfp.split_vector(np.pad(x_bits, (0, width - x_bits.shape[-1])), n)
     qb = quantize_fp16(xv, mantissa_bits_v, rounding, static_exponent_code)
     exps = term_exponents(qb.exponent_codes, codes_w, mantissa_bits_v, mantissa_bits_w)
@@ -805,14 +793,7 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     if x_bits.ndim == 0:
         raise ValueError("x_bits must have at least one axis")
     qw = np.asarray(qw)
-    rows, width = qw.shape
-    c = width // n
-    if width != c * n or np.shape(codes_w) != (rows, c):
-        raise ValueError(f"qw {np.shape(qw)} and codes_w {np.shape(codes_w)} do not hold "
-                         f"{c} blocks of {n} per row")
-    if x_bits.shape[-1] > width:
-        raise ValueError(f"x has {x_bits.shape[-1]} elements but the matrix has {width} "
-                         f"columns")
+    rows, width, c = _matrix_shape(x_bits, codes_w, qw, n)
     k = check_int("k", narrow_width, 1, 64)
     batch = x_bits.shape[:-1]
     xv = np.zeros((int(np.prod(batch)), c * n), np.uint16)

@@ -239,12 +239,17 @@ class NpuConfig(MvmConfig):
         """MRF words in the flat host address space (``host.spec.isa.mrf_address``)."""
         return self.tiles * self.n * self.mrf_depth
 
-    def to_json(self) -> str:
-        """The build as JSON (fields by name, keys sorted, unary ops by their lower-case
-        names): how benches hand a build to a simulation and how builds are named."""
+    def to_dict(self) -> dict:
+        """The build's fields by name, in field order, unary ops as a list of their
+        lower-case names: what INFO, network images and JSON carry."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["unary_ops"] = [op.name.lower() for op in self.unary_ops]
-        return json.dumps(values, sort_keys=True)
+        return values
+
+    def to_json(self) -> str:
+        """The build as JSON (:meth:`to_dict`, keys sorted): how benches hand a build to a
+        simulation and how builds are named."""
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "NpuConfig":

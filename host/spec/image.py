@@ -68,6 +68,12 @@ class NetworkImage:
     config: dict | None = None
     extra: dict = field(default_factory=dict)
 
+    def build(self):
+        """The build the image was compiled for, as an ``NpuConfig`` (the default build
+        when the image does not say)."""
+        from host.spec.config import NpuConfig
+        return NpuConfig(**self.config) if self.config else NpuConfig()
+
     def check_config(self, config) -> None:
         """Raise ValueError naming the first build parameter that differs from
         ``config`` (an ``NpuConfig``), with both values."""

@@ -40,7 +40,8 @@ from host.spec.ops import UnaryOp
 __all__ = [
     "WORD_BITS", "Opcode", "Space", "Reg", "ErrorCode", "FUNC_LAYOUT", "INSTRUCTION_LAYOUT",
     "FIELDS", "REG_DEFAULTS", "Instruction", "IsaError", "decode", "encode_program",
-    "decode_program", "MNEMONICS", "mnemonic", "Chain", "parse_chain", "mrf_address",
+    "decode_program", "MNEMONICS", "mnemonic", "Chain", "parse_chain", "chain_mfu_ops",
+    "operand_vrf", "mrf_address",
     "mrf_location", "UNARY_NAMES", "MAX_WRITES", "register_limits",
 ]
 
@@ -436,6 +437,22 @@ class Chain:
     writes: tuple
     start: int
     stop: int
+
+
+def chain_mfu_ops(chain: Chain) -> list:
+    """The ``host.spec.mfu.MfuOp`` of each of ``chain``'s element-wise, unary and
+    reduction ops, in order: what ``host.spec.mfu.allocate`` places on the MFUs."""
+    from host.spec.mfu import MfuOp
+    make = {Opcode.VV: lambda i: MfuOp.binary(i.func, i.operand),
+            Opcode.V_UNARY: lambda i: MfuOp.unary(i.func)}
+    return [make.get(ins.opcode, lambda i: MfuOp.reduce(i.func))(ins) for ins in chain.ops]
+
+
+def operand_vrf(unit, mfu: int) -> Space:
+    """The VRF from which an ADDSUB or MUL op (``unit``, a ``host.spec.mfu.MfuUnit``)
+    allocated to MFU ``mfu`` reads its operand: AddSubVrf or MulVrf of that MFU."""
+    from host.spec.mfu import MfuUnit
+    return Space.asvrf(mfu) if unit is MfuUnit.ADDSUB else Space.mulvrf(mfu)
 
 
 def parse_chain(fetch, start: int) -> Chain:

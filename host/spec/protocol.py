@@ -619,11 +619,8 @@ def build_info(config) -> dict:
     ``mrf_words``, ``weight_block_bits``, ``macs_per_cycle`` and ``word_bits`` (the
     instruction width). The reference model's ``info()`` and the gateware's INFO reply
     are both made from it."""
-    import dataclasses
-
     from host.spec.isa import WORD_BITS
-    info = dataclasses.asdict(config)
-    info["unary_ops"] = [op.name.lower() for op in config.unary_ops]
+    info = config.to_dict()
     info.update(mrf_words=config.mrf_words, weight_block_bits=config.mvm.weight_block_bits,
                 macs_per_cycle=config.mvm.macs_per_cycle, word_bits=WORD_BITS)
     return info
