@@ -23,22 +23,12 @@ import time
 import numpy as np
 
 from bench import best_time, record
+from sim.randprog import lstm_weights, unit_fp16
 
 __all__ = ["numpy_lstm", "numpy_lstm_batch", "model_lstm", "exported_lstm", "run"]
 
 REPEATS = 5
 BATCH = 256
-
-
-def _f16(rng, *shape):
-    """FP16 values with unit variance after a product over the last axis."""
-    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
-
-
-def _weights(rng, x_len, h_len):
-    w = {f"W_{g}": _f16(rng, h_len, x_len) for g in "fioc"}
-    w |= {f"U_{g}": _f16(rng, h_len, h_len) for g in "fioc"}
-    return w | {f"b_{g}": _f16(rng, h_len) for g in "fioc"}
 
 
 def _sigmoid(v):
@@ -94,7 +84,7 @@ def exported_lstm(prog, w, h0, c0, batch: int = BATCH, seed: int = 2, repeats: i
     image = program_image(prog)
     n = prog.config.n
     rng = np.random.default_rng(seed)
-    xb = _f16(rng, batch, STEPS, INPUT)
+    xb = unit_fp16(rng, batch, STEPS, INPUT)
     inputs = np.stack([np.concatenate([native(x, n) for x in seq]) for seq in xb])
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -137,8 +127,8 @@ def model_lstm(seed: int = 1):
 
     cfg = lstm_config()
     rng = np.random.default_rng(seed)
-    w = _weights(rng, INPUT, HIDDEN)
-    xs, h0, c0 = _f16(rng, STEPS, INPUT), _f16(rng, HIDDEN), _f16(rng, HIDDEN)
+    w = lstm_weights(rng, INPUT, HIDDEN)
+    xs, h0, c0 = unit_fp16(rng, STEPS, INPUT), unit_fp16(rng, HIDDEN), unit_fp16(rng, HIDDEN)
     prog = lstm_sequence(cfg, w, xs, h0, c0)
 
     def prepare():

@@ -22,7 +22,7 @@ from host.spec.isa import Instruction, Reg, Space
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.compiler.programs import Program
 
-__all__ = ["random_fp16", "random_program"]
+__all__ = ["random_fp16", "random_program", "unit_fp16", "lstm_weights"]
 
 _SPECIALS = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
                       0x7E00, 0x7D01, 0x3C00, 0xBC00], np.uint16)
@@ -191,6 +191,18 @@ class _Gen:
             self.instrs.append(mv)
         self.instrs += op_instrs + writes + [Instruction.end_chain()]
         return 1
+
+
+def unit_fp16(rng, *shape) -> np.ndarray:
+    """float16 values scaled so that a product over the last axis has unit variance."""
+    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
+
+
+def lstm_weights(rng, x_len: int, h_len: int) -> dict:
+    """Random weights of ``host.compiler.programs.lstm_sequence`` (:func:`unit_fp16`)."""
+    w = {f"W_{g}": unit_fp16(rng, h_len, x_len) for g in "fioc"}
+    w |= {f"U_{g}": unit_fp16(rng, h_len, h_len) for g in "fioc"}
+    return w | {f"b_{g}": unit_fp16(rng, h_len) for g in "fioc"}
 
 
 def _clash(a, b, iters) -> bool:

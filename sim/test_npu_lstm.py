@@ -27,18 +27,8 @@ from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 from host.compiler import programs
 from host.spec.isa import ErrorCode
 from host.model.core import NpuModel
+from sim.randprog import lstm_weights, unit_fp16
 from sim.test_npu import CLOCK_NS, RUN_TIMEOUT_CYCLES, TB, fresh, unpack_vector
-
-
-def _f16(rng, *shape):
-    """FP16 values with unit variance after a product over the last axis."""
-    return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float16)
-
-
-def _lstm_weights(rng, x_len, h_len):
-    w = {f"W_{g}": _f16(rng, h_len, x_len) for g in "fioc"}
-    w |= {f"U_{g}": _f16(rng, h_len, h_len) for g in "fioc"}
-    return w | {f"b_{g}": _f16(rng, h_len) for g in "fioc"}
 
 
 @cocotb.test()
@@ -49,8 +39,8 @@ async def lstm_bench(dut):
     cfg = tb.cfg
     rng = np.random.default_rng(p["seed"])
     x_len, h_len, steps = p["input"], p["hidden"], p["steps"]
-    prog = programs.lstm_sequence(cfg, _lstm_weights(rng, x_len, h_len),
-                                  _f16(rng, steps, x_len), _f16(rng, h_len), _f16(rng, h_len))
+    prog = programs.lstm_sequence(cfg, lstm_weights(rng, x_len, h_len),
+                                  unit_fp16(rng, steps, x_len), unit_fp16(rng, h_len), unit_fp16(rng, h_len))
     model = NpuModel(cfg)
     await tb.load(model, prog)
     result = model.run()
@@ -88,20 +78,20 @@ async def timing_programs(dut):
     cfg, n = tb.cfg, tb.n
     rng = np.random.default_rng(p["seed"])
     x, h = p["input"], p["hidden"]
-    gru_w = ({f"W_{g}": _f16(rng, h, x) for g in "zrn"}
-             | {f"U_{g}": _f16(rng, h, h) for g in "zrn"}
-             | {f"b_{g}": _f16(rng, h) for g in ("z", "r", "n", "hn")})
+    gru_w = ({f"W_{g}": unit_fp16(rng, h, x) for g in "zrn"}
+             | {f"U_{g}": unit_fp16(rng, h, h) for g in "zrn"}
+             | {f"b_{g}": unit_fp16(rng, h) for g in ("z", "r", "n", "hn")})
     progs = {
-        "mlp": programs.mlp_layer(cfg, _f16(rng, h, x), _f16(rng, h), _f16(rng, 4, x)),
-        "lstm step": programs.lstm_step(cfg, _lstm_weights(rng, x, h), _f16(rng, x),
-                                        _f16(rng, h), _f16(rng, h)),
-        "gru step": programs.gru_step(cfg, gru_w, _f16(rng, x), _f16(rng, h)),
-        "conv1x1": programs.conv1x1(cfg, _f16(rng, n + 2, n - 3), _f16(rng, n + 2),
-                                    _f16(rng, 3, 4, n - 3), "tanh"),
-        "conv3x3 stride 2": programs.conv2d(cfg, _f16(rng, 5, 3, 3, 3), _f16(rng, 5),
-                                            _f16(rng, 7, 7, 3), stride=2),
-        "softmax head": programs.softmax_head(cfg, _f16(rng, 2 * n + 1, x),
-                                              _f16(rng, 2 * n + 1), _f16(rng, x)),
+        "mlp": programs.mlp_layer(cfg, unit_fp16(rng, h, x), unit_fp16(rng, h), unit_fp16(rng, 4, x)),
+        "lstm step": programs.lstm_step(cfg, lstm_weights(rng, x, h), unit_fp16(rng, x),
+                                        unit_fp16(rng, h), unit_fp16(rng, h)),
+        "gru step": programs.gru_step(cfg, gru_w, unit_fp16(rng, x), unit_fp16(rng, h)),
+        "conv1x1": programs.conv1x1(cfg, unit_fp16(rng, n + 2, n - 3), unit_fp16(rng, n + 2),
+                                    unit_fp16(rng, 3, 4, n - 3), "tanh"),
+        "conv3x3 stride 2": programs.conv2d(cfg, unit_fp16(rng, 5, 3, 3, 3), unit_fp16(rng, 5),
+                                            unit_fp16(rng, 7, 7, 3), stride=2),
+        "softmax head": programs.softmax_head(cfg, unit_fp16(rng, 2 * n + 1, x),
+                                              unit_fp16(rng, 2 * n + 1), unit_fp16(rng, x)),
     }
     out = {}
     for what, prog in progs.items():
