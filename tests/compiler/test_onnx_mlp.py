@@ -17,9 +17,9 @@ import json
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx_checks import block_max, check_classes, check_within, init, ort_run
 
 from host.cli import main
 from host.compiler import Network, compile_onnx
@@ -35,10 +35,6 @@ BUILD16 = "n=16,tiles=2,mantissa_bits_v=8,mantissa_bits_w=8"
 
 # --- model construction -----------------------------------------------------------------
 
-def _init(name, a):
-    return numpy_helper.from_array(np.asarray(a, np.float32), name)
-
-
 def mlp_model(sizes, acts, rng, *, form="gemm", softmax=True, opset=17, batch="N",
               extra_nodes=None):
     """An MLP ``sizes[0] -> sizes[1] -> ...``; ``acts[i]`` (None, "Relu", "Sigmoid", "Tanh")
@@ -52,19 +48,19 @@ def mlp_model(sizes, acts, rng, *, form="gemm", softmax=True, opset=17, batch="N
         b = rng.normal(0, 0.2, f_out).astype(np.float32)
         out = f"h{i}"
         if form == "gemm":
-            inits += [_init(f"W{i}", w), _init(f"b{i}", b)]
+            inits += [init(f"W{i}", w), init(f"b{i}", b)]
             nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out],
                                           name=f"fc{i}", transB=1))
             layers.append(("dense", w.astype(np.float64), b.astype(np.float64)))
         elif form == "gemm_t":
             alpha, beta = 0.5, 2.0
-            inits += [_init(f"W{i}", w.T), _init(f"b{i}", b[None])]
+            inits += [init(f"W{i}", w.T), init(f"b{i}", b[None])]
             nodes.append(helper.make_node("Gemm", [cur, f"W{i}", f"b{i}"], [out],
                                           name=f"fc{i}", alpha=alpha, beta=beta))
             layers.append(("dense", alpha * w.astype(np.float64),
                            beta * b.astype(np.float64)))
         else:
-            inits += [_init(f"W{i}", w.T), _init(f"b{i}", b)]
+            inits += [init(f"W{i}", w.T), init(f"b{i}", b)]
             nodes.append(helper.make_node("MatMul", [cur, f"W{i}"], [f"{out}m"], name=f"mm{i}"))
             nodes.append(helper.make_node("Add", [f"{out}m", f"b{i}"], [out], name=f"add{i}"))
             layers.append(("dense", w.astype(np.float64), b.astype(np.float64)))
@@ -88,20 +84,7 @@ def mlp_model(sizes, acts, rng, *, form="gemm", softmax=True, opset=17, batch="N
     return model, layers
 
 
-def ort_run(model, x):
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
-
-
 # --- the error bound ----------------------------------------------------------------------
-
-def _block_max(a, n):
-    """Per element, the largest magnitude of its native block (n lanes of the last axis)."""
-    length = a.shape[-1]
-    pad = np.pad(np.abs(a), [(0, 0)] * (a.ndim - 1) + [(0, (-length) % n)])
-    m = pad.reshape(*a.shape[:-1], -1, n).max(-1)
-    return np.repeat(m, n, axis=-1)[..., :length]
-
 
 def error_bound(layers, x, n, mv=8, mw=8):
     """float64 reference and per-element bound on ``|npu - reference|`` (module docstring)."""
@@ -113,7 +96,7 @@ def error_bound(layers, x, n, mv=8, mw=8):
         if kind == "dense":
             a = np.abs(h) + e                              # bounds |x| on the NPU
             aw = np.abs(w)
-            bx, bw = _block_max(a, n), _block_max(aw, n)
+            bx, bw = block_max(a, n), block_max(aw, n)
             y = h @ w.T + b
             ey = e @ aw.T + dv * bx @ aw.T + dw * a @ bw.T + dv * dw * bx @ bw.T \
                 + u * a @ aw.T                             # W rounded to FP16
@@ -135,19 +118,8 @@ def error_bound(layers, x, n, mv=8, mw=8):
 
 def check_close(y, ref, layers, x, n, what):
     _, bound = error_bound(layers, x, n)
-    bad = np.abs(y.astype(np.float64) - ref) > bound + 1e-6
-    assert not bad.any(), (f"{what}: {bad.sum()} elements beyond the bound, worst "
-                           f"{np.abs(y - ref)[bad].max():.3g} vs bound "
-                           f"{bound[bad].min():.3g}")
+    check_within(y, ref, bound, what)
     return bound
-
-
-def check_classes(y, ref, bound, what):
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    sure = (top2[:, 1] - top2[:, 0]) > 2 * bound.max(axis=1)
-    agree = y.argmax(1) == ref.argmax(1)
-    assert agree[sure].all(), f"{what}: class differs on a row with a clear margin"
-    assert agree.mean() >= 0.9, f"{what}: only {agree.mean():.0%} of rows agree"
 
 
 # --- compile and run against onnxruntime --------------------------------------------------
@@ -220,7 +192,7 @@ def test_shape_arithmetic_is_folded(tmp_path):
     graph = helper.make_graph(
         nodes, "flat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 1, 4, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 6])],
-        [_init("W", w), _init("b", b)])
+        [init("W", w), init("b", b)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     ir = import_onnx(model)
     assert [n.op for n in ir.nodes] == ["Flatten", "Dense", "Relu"]

@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
-from onnx import TensorProto, helper, numpy_helper
+import onnx
+from onnx import TensorProto, helper
+from onnx_checks import block_max, check_classes, check_within, init, ort_run
 
 from host.cli import main
 from host.compiler import compile_onnx, onnx_import
@@ -35,10 +35,6 @@ GATES = {"LSTM": 4, "GRU": 3}
 
 # --- model construction -----------------------------------------------------------------
 
-def _init(name, a, dtype=np.float32):
-    return numpy_helper.from_array(np.asarray(a, dtype), name)
-
-
 def rnn_model(op, steps, rng, *, out="last", head=False, lbr=1, batch="B", scale=0.4,
               initial=False, seq_lens=False, batch_first=False, last_by="Y_h", attrs=None,
               peephole=False):
@@ -54,26 +50,26 @@ def rnn_model(op, steps, rng, *, out="last", head=False, lbr=1, batch="B", scale
     wts = {"W": rng.normal(0, scale, (g * H, I)), "R": rng.normal(0, 0.6 * scale, (g * H, H)),
            "B": rng.normal(0, 0.3, 2 * g * H)}
     wts = {k: v.astype(np.float32).astype(np.float64) for k, v in wts.items()}
-    inits = [_init("W", wts["W"][None]), _init("R", wts["R"][None]), _init("B", wts["B"][None])]
+    inits = [init("W", wts["W"][None]), init("R", wts["R"][None]), init("B", wts["B"][None])]
     inputs = ["xs" if batch_first else "x", "W", "R", "B"]
     nb = 4 if isinstance(batch, str) else batch
     if seq_lens or initial:
         inputs.append("lens" if seq_lens else "")
         if seq_lens:
-            inits.append(_init("lens", np.full(nb, steps), np.int32))
+            inits.append(init("lens", np.full(nb, steps), np.int32))
     if initial:
         h0 = rng.normal(0, 0.5, H).astype(np.float32)
         wts["h0"] = h0.astype(np.float64)
-        inits.append(_init("h0", np.broadcast_to(h0, (1, nb, H))))
+        inits.append(init("h0", np.broadcast_to(h0, (1, nb, H))))
         inputs.append("h0")
         if op == "LSTM":
             c0 = rng.normal(0, 0.5, H).astype(np.float32)
             wts["c0"] = c0.astype(np.float64)
-            inits.append(_init("c0", np.broadcast_to(c0, (1, nb, H))))
+            inits.append(init("c0", np.broadcast_to(c0, (1, nb, H))))
             inputs.append("c0")
     if peephole:
         inputs += [""] * (7 - len(inputs)) + ["P"]
-        inits.append(_init("P", rng.normal(size=(1, 3 * H))))
+        inits.append(init("P", rng.normal(size=(1, 3 * H))))
     kw = dict(hidden_size=H, **(attrs or {}))
     if op == "GRU":
         kw["linear_before_reset"] = lbr
@@ -83,12 +79,12 @@ def rnn_model(op, steps, rng, *, out="last", head=False, lbr=1, batch="B", scale
                                       perm=[1, 0, 2]))
     nodes.append(helper.make_node(op, inputs, ["Y", "Y_h"] + (["Y_c"] if op == "LSTM" else []),
                                   name="rnn", **kw))
-    inits.append(_init("ax0", [0], np.int64))
-    inits.append(_init("ax1", [1], np.int64))
-    inits.append(_init("last", -1, np.int64))
-    inits.append(_init("m1", [-1], np.int64))
-    inits.append(_init("big", [1 << 62], np.int64))
-    inits.append(_init("hshape", [-1, H], np.int64))
+    inits.append(init("ax0", [0], np.int64))
+    inits.append(init("ax1", [1], np.int64))
+    inits.append(init("last", -1, np.int64))
+    inits.append(init("m1", [-1], np.int64))
+    inits.append(init("big", [1 << 62], np.int64))
+    inits.append(init("hshape", [-1, H], np.int64))
     nodes.append(helper.make_node("Squeeze", ["Y", "ax1"], ["ys"], name="squeeze_y"))
     cur = "ys"
     if batch_first:
@@ -124,7 +120,7 @@ def rnn_model(op, steps, rng, *, out="last", head=False, lbr=1, batch="B", scale
         wd = rng.normal(0, 0.5, (7, H)).astype(np.float32)
         bd = rng.normal(0, 0.2, 7).astype(np.float32)
         wts["Wd"], wts["bd"] = wd.astype(np.float64), bd.astype(np.float64)
-        inits += [_init("Wd", wd), _init("bd", bd)]
+        inits += [init("Wd", wd), init("bd", bd)]
         nodes += [helper.make_node("Gemm", [cur, "Wd", "bd"], ["z"], name="fc", transB=1),
                   helper.make_node("Softmax", ["z"], ["y"], name="softmax", axis=-1)]
         cur, shape = "y", [batch, 7]
@@ -138,22 +134,10 @@ def rnn_model(op, steps, rng, *, out="last", head=False, lbr=1, batch="B", scale
     return model, wts
 
 
-def ort_run(model, x):
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
-
-
 # --- the error bound ----------------------------------------------------------------------
 
 DV = DW = 2.0 ** -7             # 2^-(m-1), m = 8 bits of mantissa
 U, ROM, TINY = 2.0 ** -11, 2.0 ** -8, 2.0 ** -20
-
-
-def _block_max(a, n=N):
-    length = a.shape[-1]
-    pad = np.pad(np.abs(a), [(0, 0)] * (a.ndim - 1) + [(0, (-length) % n)])
-    m = pad.reshape(*a.shape[:-1], -1, n).max(-1)
-    return np.repeat(m, n, axis=-1)[..., :length]
 
 
 class V:
@@ -170,7 +154,7 @@ class V:
 
     def mvm(self, w):
         a, aw = np.abs(self.v) + self.e, np.abs(w)
-        bx, bw = _block_max(a), _block_max(aw)
+        bx, bw = block_max(a, N), block_max(aw, N)
         y = self.v @ w.T
         e = self.e @ aw.T + DV * bx @ aw.T + DW * a @ bw.T + DV * DW * bx @ bw.T \
             + U * a @ aw.T
@@ -264,21 +248,6 @@ def rnn_bound(op, wts, x, *, lbr=1, out="last", head=False):
     return h.v, h.e
 
 
-def check_close(y, ref, bound, what):
-    bad = np.abs(y.astype(np.float64) - ref) > bound + 1e-6
-    assert not bad.any(), (f"{what}: {bad.sum()} elements beyond the bound, worst "
-                           f"{np.abs(y - ref)[bad].max():.3g} vs bound "
-                           f"{bound[bad].min():.3g}")
-
-
-def check_classes(y, ref, bound, what):
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    sure = (top2[:, 1] - top2[:, 0]) > 2 * bound.max(axis=1)
-    agree = y.argmax(1) == ref.argmax(1)
-    assert agree[sure].all(), f"{what}: class differs on a row with a clear margin"
-    assert agree.mean() >= 0.9, f"{what}: only {agree.mean():.0%} of rows agree"
-
-
 def run_and_check(op, rng, steps, *, batch=4, lbr=1, out="last", head=False, **kw):
     model, wts = rnn_model(op, steps, rng, out=out, head=head, lbr=lbr, **kw)
     net = compile_onnx(model, BUILD)
@@ -292,7 +261,7 @@ def run_and_check(op, rng, steps, *, batch=4, lbr=1, out="last", head=False, **k
     # the float64 recomputation is the model: it agrees with onnxruntime's float32
     assert np.abs(want - ref).max() < 1e-4
     what = f"{op} lbr={lbr} {out} head={head} {kw}"
-    check_close(y, ref, bound, what)
+    check_within(y, ref, bound, what)
     if head:
         check_classes(y, ref, bound, what)
     return net, model, y, ref, bound
@@ -414,8 +383,8 @@ def test_wrong_reset_variant_breaks_the_comparison(monkeypatch):
     x = rng.normal(size=(4, 4, I)).astype(np.float32)
     _, bound = rnn_bound("GRU", wts, x, lbr=0, out="every")
     with pytest.raises(AssertionError, match="beyond the bound"):
-        check_close(compile_graph(graph, BUILD).run(x), ort_run(model, x), bound, "lbr")
-    check_close(compile_onnx(model, BUILD).run(x), ort_run(model, x), bound, "lbr")
+        check_within(compile_graph(graph, BUILD).run(x), ort_run(model, x), bound, "lbr")
+    check_within(compile_onnx(model, BUILD).run(x), ort_run(model, x), bound, "lbr")
 
 
 # --- npu compile / npu run, report ----------------------------------------------------------
@@ -480,7 +449,7 @@ def test_more_refusals():
     # sequence_lens shorter than the sequence
     model, _ = rnn_model("LSTM", 3, rng, seq_lens=True)
     lens = next(t for t in model.graph.initializer if t.name == "lens")
-    lens.CopyFrom(_init("lens", [3, 2, 3, 3], np.int32))
+    lens.CopyFrom(init("lens", [3, 2, 3, 3], np.int32))
     with pytest.raises(OnnxImportError, match=r"'rnn' \(LSTM\).*sequence_lens"):
         compile_onnx(model, BUILD)
     # Y_c used
@@ -490,14 +459,14 @@ def test_more_refusals():
         compile_onnx(model, BUILD)
     # a middle step
     model, _ = rnn_model("LSTM", 3, rng, last_by="gather")
-    model.graph.initializer.append(_init("one", 1, np.int64))
+    model.graph.initializer.append(init("one", 1, np.int64))
     next(n for n in model.graph.node if n.name == "take_last").input[1] = "one"
     with pytest.raises(OnnxImportError, match=r"'take_last' \(Gather\).*step 1"):
         compile_onnx(model, BUILD)
     # a Dense on every step
     model, _ = rnn_model("LSTM", 3, rng, out="every")
     g = model.graph
-    g.initializer.append(_init("Wm", rng.normal(size=(H, 5))))
+    g.initializer.append(init("Wm", rng.normal(size=(H, 5))))
     g.node.append(helper.make_node("MatMul", ["ys", "Wm"], ["z"], name="per_step"))
     g.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, "B", 5]))
     with pytest.raises((OnnxImportError, CompileError), match="'per_step'"):
