@@ -22,7 +22,19 @@ from host.spec.isa import Instruction, Reg, Space
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.compiler.programs import Program
 
-__all__ = ["random_fp16", "random_program", "unit_fp16", "lstm_weights"]
+__all__ = ["random_fp16", "random_program", "unit_fp16", "lstm_weights", "RANDOM_BUILDS"]
+
+#: Two small builds with the corners random programs should reach: three MFUs, three tile
+#: engines, odd mantissa widths, a partial unary set, narrow counters, small memories.
+RANDOM_BUILDS = {
+    "n8t2m3": NpuConfig(n=8, tiles=2, mrf_depth=256, max_col_tiles=8, ivrf_depth=64,
+                        vrf_depth=64, netq_depth=256, max_length=4, mfus=3),
+    "n4t3m2": NpuConfig(n=4, tiles=3, mantissa_bits_v=6, mantissa_bits_w=3, mrf_depth=256,
+                        max_col_tiles=8, ivrf_depth=48, vrf_depth=32, netq_depth=128,
+                        max_length=4, mfus=2, unary_ops=("relu", "exp", "pass"),
+                        counter_bits=12),
+}
+
 
 _SPECIALS = np.array([0x0000, 0x8000, 0x0001, 0x83FF, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00,
                       0x7E00, 0x7D01, 0x3C00, 0xBC00], np.uint16)

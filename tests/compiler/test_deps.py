@@ -35,18 +35,11 @@ from host.model.core import NpuModel
 from host.spec.config import NpuConfig
 from host.spec.isa import Instruction as I
 from host.spec.isa import Reg, Space, decode_program
-from sim.randprog import random_program
+from sim.randprog import RANDOM_BUILDS, random_program
 
 CFG = NpuConfig(n=8, tiles=1, mrf_depth=512, max_col_tiles=32, ivrf_depth=512,
                 vrf_depth=256, netq_depth=256, max_length=8)
-RANDOM_CONFIGS = {
-    "n8t2m3": NpuConfig(n=8, tiles=2, mrf_depth=256, max_col_tiles=8, ivrf_depth=64,
-                        vrf_depth=64, netq_depth=256, max_length=4, mfus=3),
-    "n4t3m2": NpuConfig(n=4, tiles=3, mantissa_bits_v=6, mantissa_bits_w=3, mrf_depth=256,
-                        max_col_tiles=8, ivrf_depth=48, vrf_depth=32, netq_depth=128,
-                        max_length=4, mfus=2, unary_ops=("relu", "exp", "pass"),
-                        counter_bits=12),
-}
+RANDOM_CONFIGS = RANDOM_BUILDS
 X, H = 5, 6          # not multiples of N; one native vector each at N = 8
 
 

@@ -24,18 +24,11 @@ from host.spec.isa import REG_DEFAULTS, Opcode, Reg, Space, decode_program
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.model.core import NpuModel
 from host.numerics.mvm import mvm, quantize_fp16
-from sim.randprog import random_program
+from sim.randprog import RANDOM_BUILDS, random_program
 from host.numerics.reduction import reduce_bits
 from host.numerics.unary import unary_bits, unary_events
 
-CONFIGS = {
-    "n8t2m3": NpuConfig(n=8, tiles=2, mrf_depth=256, max_col_tiles=8, ivrf_depth=64,
-                        vrf_depth=64, netq_depth=256, max_length=4, mfus=3),
-    "n4t3m2": NpuConfig(n=4, tiles=3, mantissa_bits_v=6, mantissa_bits_w=3, mrf_depth=256,
-                        max_col_tiles=8, ivrf_depth=48, vrf_depth=32, netq_depth=128,
-                        max_length=4, mfus=2, unary_ops=("relu", "exp", "pass"),
-                        counter_bits=12),
-}
+CONFIGS = RANDOM_BUILDS
 TOTAL_CHAINS = 10_000
 
 
