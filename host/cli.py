@@ -132,10 +132,8 @@ def _load_image(path: str):
         raise _UsageError(f"cannot load image: {exc}") from None
 
 
-def _load_inputs(path: str) -> np.ndarray:
-    """The inputs file as an array of FP16 bit patterns ``(jobs, k, n)``; floats are rounded
-    to FP16 (nearest even), and values that overflow to infinity or flush to zero in that
-    rounding are counted in a warning on stderr."""
+def _load_npy(path: str) -> np.ndarray:
+    """The one array of an inputs file; a usage error naming the file otherwise."""
     try:
         x = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
@@ -143,6 +141,14 @@ def _load_inputs(path: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         x.close()
         raise _UsageError(f"inputs {path} must be one .npy array, not an .npz archive")
+    return x
+
+
+def _load_inputs(path: str) -> np.ndarray:
+    """The inputs file as an array of FP16 bit patterns ``(jobs, k, n)``; floats are rounded
+    to FP16 (nearest even), and values that overflow to infinity or flush to zero in that
+    rounding are counted in a warning on stderr."""
+    x = _load_npy(path)
     if x.dtype == np.uint16:
         return x
     if x.dtype in (np.float16, np.float32, np.float64):
@@ -294,13 +300,7 @@ def _model_inputs(path: str, image) -> np.ndarray:
     model's input (batch first), as jobs of FP16 bits ``(batch, k, n)``."""
     import warnings
     from host.compiler.network import signature_jobs
-    try:
-        x = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise _UsageError(f"cannot read inputs {path}: {exc}") from None
-    if not isinstance(x, np.ndarray):
-        x.close()
-        raise _UsageError(f"inputs {path} must be one .npy array, not an .npz archive")
+    x = _load_npy(path)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", RuntimeWarning)

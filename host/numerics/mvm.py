@@ -278,20 +278,8 @@ def narrow_overflows_exact(qv, qw, exps, lsb: int, k: int) -> NarrowCounts:
     """Count the narrow-accumulator events of one matrix-vector product.
 
     The executable definition (the cross-tile sums in Python integers);
-    :func:`narrow_overflows` is the fast form, tested equal to it.
-
-    Parameters
-    ----------
-    qv : ``(C, N)`` vector mantissas, N a power of two.
-    qw : ``(rows, C, N)`` weight mantissas.
-    exps : ``(rows, C)`` tile product exponents (:func:`term_exponents`).
-    lsb : accumulator LSB exponent (:func:`acc_lsb`).
-    k : check width, 1..64.
-
-    Events (``docs/numerics.md``): every mantissa product; every node of the balanced
-    pairwise adder tree over lanes 0..N-1 (N-1 nodes, the root included); and, in logical
-    column-tile order, every accumulator value after adding a tile ``j >= 1`` whose tile
-    product is non-zero, taken in units of that tile's product exponent (floored).
+    :func:`narrow_overflows` is the fast form, tested equal to it, and documents the
+    parameters and the events.
     """
     k = check_int("k", k, 1, 64)
     qv = np.asarray(qv, np.int64)
