@@ -54,16 +54,17 @@ define apt_install
 	fi
 endef
 
-.PHONY: help venv iverilog sysdeps sim test soak bench bitstream clean distclean
+.PHONY: help venv iverilog sysdeps sim test soak bench zoo bitstream clean distclean
 
 help:
-	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga]')"
+	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga,torch]')"
 	@echo "make iverilog   install Icarus Verilog with apt if it is missing"
 	@echo "make sysdeps    iverilog plus the C++ compiler and Perl that Verilator needs"
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
 	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
 	@echo "make soak       long randomised runs: 1,000 exported random programs against the model"
 	@echo "make bench      run the benchmarks (python -m bench)"
+	@echo "make zoo        retrain and re-export the model zoo (pip install '.[train]'; python -m zoo.train)"
 	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (N=4, T=1; ARGS='--config ...')"
 	@echo "make clean      remove build products and caches (keeps .venv)"
 	@echo "make distclean  clean, and remove .venv too"
@@ -81,7 +82,7 @@ $(VENV_PY):
 
 $(STAMP): $(ROOT)/pyproject.toml | $(VENV_PY)
 	$(VENV_PY) -m pip install --upgrade pip
-	$(VENV_PY) -m pip install -e "$(ROOT)[dev,fpga]"
+	$(VENV_PY) -m pip install -e "$(ROOT)[dev,fpga,torch]"
 	touch $@
 
 # --- System tools (apt) -----------------------------------------------------------------
@@ -114,6 +115,14 @@ soak: venv
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)
+
+# The model zoo (zoo/README.md): PyTorch (the train extra, torch pinned to the CPU build on
+# this disk) trains every model and seed and rewrites zoo/<model>/seed<k>/. Not part of
+# make test, which checks the committed files without PyTorch.
+# ARGS="--models mlp,cnn --seeds 0" retrains a part.
+zoo: $(VENV_PY)
+	$(VENV_PY) -m pip install -e "$(ROOT)[train]"
+	cd $(ROOT) && $(VENV_PY) -m zoo.train $(ARGS)
 
 # --- Board -------------------------------------------------------------------------------
 # The ULX3S-85F top (hw/board/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
