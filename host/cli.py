@@ -10,7 +10,13 @@
     npu [--json] deps IMAGE.npz [--dot] [--registers] [--build BUILD]
     npu [--json] export IMAGE.npz -o LAYER.py [--build BUILD]
     npu [--json] compile MODEL.onnx -o NET.npz [--config BUILD]
+                         [--calibrate DATA.npy [--method mmse|max]
+                          [--accumulator-bits K [--overflow-threshold T]] [--device DEV]]
+                         [--quant FILE.json]
     npu [--json] report NET.npz
+    npu [--device DEV] [--json] compare MODEL.onnx NET.npz INPUTS.npy
+    npu train MODEL.onnx (--data DATA.npz | --zoo DIR) -o OUTDIR [--config BUILD]
+              [--method qat|lazy] [--start calibrated|default] [--epochs E] [--lr LR]
 
 ``--device`` is ``model`` (the reference model in process, the default),
 ``model:KEY=VALUE,...`` (other build parameters), ``serial:PORT[@BAUD]`` or a kind from
@@ -98,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="build of the program (host.spec.config.parse_config text); "
                              "default: the image's own, else the default build")
     _compile_parsers(sub, common)
+    _compare_parser(sub, common)
+    # Listed here for npu --help; main hands everything after "train" to
+    # host.quant.train, which has its own options (npu train --help).
+    sub.add_parser("train", add_help=False,
+                   help="fine-tune an ONNX classifier for the device (QAT or the lazy BFP "
+                        "update) and export it for compile --quant; npu train --help")
     return parser
 
 
@@ -110,6 +122,23 @@ def _compile_parsers(sub, common) -> None:
     comp.add_argument("--config", default="",
                       help="build to compile for (host.spec.config.parse_config text: a "
                            "preset and KEY=VALUE items; default: the default build)")
+    comp.add_argument("--calibrate", metavar="DATA.npy", default=None,
+                      help="calibrate the exponents on these samples (float .npy shaped "
+                           "like the model's input, batch first; docs/calibration.md); "
+                           "counts run on --device ('model': the build's reference model)")
+    comp.add_argument("--method", choices=("mmse", "max"), default=None,
+                      help="with --calibrate: least squared error (default) or the "
+                           "device's max-based exponents")
+    comp.add_argument("--accumulator-bits", type=int, default=None, metavar="K",
+                      help="with --calibrate: range scaling (seed 000) until each layer's "
+                           "narrow-accumulator events at K bits (1..64) plus saturations "
+                           "are at most --overflow-threshold")
+    comp.add_argument("--overflow-threshold", type=int, default=None, metavar="T",
+                      help="events accepted per layer over the calibration set (default 0)")
+    comp.add_argument("--quant", metavar="FILE.json", default=None,
+                      help="exponents from quantization-aware training (the file "
+                           "host.quant.qat writes beside the trained model; "
+                           "docs/training.md); not with --calibrate")
     rep = sub.add_parser("report", parents=[common],
                          help="the compile report stored in a network image (no device)")
     rep.add_argument("image", help="network image made by npu compile (.npz)")
@@ -232,11 +261,14 @@ def _run(dev, args, image, x) -> None:
     _check_inputs(x, args.inputs, image, dev.config.n)
     start = time.monotonic()
     dev.load_image(image)
-    results = np.empty((len(x), image.outputs, dev.config.n), np.uint16)
+    # A job of several runs (a long sequence in chunks) runs them in turn, the state kept
+    # on the device; its result is every run's outputs or the last run's (image.keep).
+    results = np.empty((len(x), image.job_outputs, dev.config.n), np.uint16)
     progress = None if args.no_progress or args.json else True
     for i, y in enumerate(dev.stream(x, outputs=image.outputs, window=args.window,
                                      progress=progress, prologue=image.job_memories,
-                                     vectors=image.inputs)):
+                                     vectors=image.inputs, runs=image.runs,
+                                     keep=image.keep)):
         results[i] = y
     seconds = time.monotonic() - start
     try:
@@ -245,7 +277,8 @@ def _run(dev, args, image, x) -> None:
     except OSError as exc:
         raise _UsageError(f"cannot write {args.output}: {exc}") from None
     summary = {"jobs": len(x), "outputs": args.output, "seconds": round(seconds, 6),
-               "jobs_per_second": len(x) / seconds if seconds else None}
+               "jobs_per_second": len(x) / seconds if seconds else None,
+               "runs_per_job": image.runs}
     _print(args, summary, f"{len(x)} jobs in {seconds:.3f} s; outputs written to "
                           f"{args.output}")
 
@@ -324,11 +357,24 @@ def _run_outputs(image, results: np.ndarray) -> np.ndarray:
 
 
 def _compile(args) -> None:
-    """``npu compile``: an ONNX model to a network image (``docs/compiler.md``)."""
+    """``npu compile``: an ONNX model to a network image (``docs/compiler.md``); with
+    ``--calibrate``, calibrated exponents (``host.quant.compile_calibrated``,
+    ``docs/calibration.md``)."""
     from host.compiler.lower import CompileError
     from host.compiler.network import compile_onnx, format_report
     from host.compiler.onnx_import import OnnxImportError
     from host.spec.config import parse_config
+    if args.calibrate is None:
+        for option, value in (("--method", args.method),
+                              ("--accumulator-bits", args.accumulator_bits),
+                              ("--overflow-threshold", args.overflow_threshold)):
+            if value is not None:
+                raise _UsageError(f"{option} needs --calibrate DATA.npy")
+    if args.overflow_threshold is not None and args.accumulator_bits is None:
+        raise _UsageError("--overflow-threshold needs --accumulator-bits K")
+    if args.quant is not None and args.calibrate is not None:
+        raise _UsageError("--quant and --calibrate exclude each other: the quantization "
+                          "file already holds the exponents")
     try:
         config = parse_config(args.config)
     except ValueError as exc:
@@ -336,8 +382,21 @@ def _compile(args) -> None:
     _check_output(args.output)
     start = time.monotonic()
     try:
-        net = compile_onnx(args.model, config)
+        if args.quant is not None:
+            from host.quant.quantfile import compile_quantized
+            net = compile_quantized(args.model, config, quant=args.quant)
+        elif args.calibrate is None:
+            net = compile_onnx(args.model, config)
+        else:
+            from host.quant import compile_calibrated
+            net = compile_calibrated(
+                args.model, config, calibrate=args.calibrate, method=args.method or "mmse",
+                accumulator_bits=args.accumulator_bits,
+                overflow_threshold=args.overflow_threshold or 0, device=args.device,
+                timeout=args.timeout)
     except (OnnxImportError, CompileError) as exc:
+        raise _UsageError(str(exc)) from None
+    except ValueError as exc:              # host.quant.CalibrationError: data, device, range
         raise _UsageError(str(exc)) from None
     try:
         with open(args.output, "wb") as f:     # exactly this path (np.savez adds .npz)
@@ -360,11 +419,65 @@ def _report(args) -> None:
     _print(args, report, format_report(report))
 
 
+# --- npu compare: every layer against onnxruntime (docs/compiler.md) -----------------------
+
+def _compare_parser(sub, common) -> None:
+    cmp = sub.add_parser("compare", parents=[common],
+                         help="every layer's output on the device against onnxruntime's "
+                              "intermediate tensors")
+    cmp.add_argument("model", help="the ONNX model the image was compiled from (.onnx)")
+    cmp.add_argument("image", help="network image made by npu compile (.npz)")
+    cmp.add_argument("inputs", help=".npy of float inputs shaped like the model's input "
+                                    "(batch first)")
+
+
+def _compare(args) -> None:
+    """``npu compare``: per layer, the device's output against onnxruntime's intermediate
+    tensor (host.compiler.compare). Files are checked before the device is opened."""
+    import warnings
+    from host.compiler.compare import check_same_network, compare, format_comparison
+    from host.compiler.network import Network, signature_jobs
+    from host.compiler.onnx_import import OnnxImportError, import_onnx
+    image = _load_image(args.image)
+    try:
+        net = Network(image)
+    except ValueError as exc:
+        raise _UsageError(f"{args.image}: {exc}") from None
+    try:
+        check_same_network(import_onnx(args.model), net, args.model)
+    except OnnxImportError as exc:
+        raise _UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise _UsageError(f"{args.image}: {exc}") from None
+    x = _load_npy(args.inputs)
+    try:
+        signature_jobs(x, net.signature, net.config.n, f"inputs {args.inputs}")
+    except (TypeError, ValueError) as exc:
+        raise _UsageError(str(exc)) from None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", RuntimeWarning)
+            records = compare(args.model, net, x, args.device, progress=not args.json)
+    except OnnxImportError as exc:
+        raise _UsageError(str(exc)) from None
+    except ValueError as exc:                # another model's image, a device of another build
+        raise _UsageError(f"{args.model} and {args.image}: {exc}") from None
+    for w in caught:
+        print(f"npu: warning: {w.message}", file=sys.stderr)
+    _print(args, {"model": args.model, "image": args.image, "inputs": args.inputs,
+                  "device": args.device, "layers": [r.to_json() for r in records]},
+           format_comparison(records))
+
+
 def main(argv=None) -> int:
     """Run the ``npu`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit
     status."""
     from host.runtime.device import Device, DeviceError
     from host.runtime.transport import TransportError, connect
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:                 # docs/training.md; needs the torch extra
+        from host.quant.train import main as train_main
+        return train_main(argv[1:])
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -379,6 +492,19 @@ def main(argv=None) -> int:
         except _UsageError as exc:
             print(f"npu: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except (DeviceError, TransportError) as exc:     # compile --calibrate's device
+            print(f"npu: device error: {exc}", file=sys.stderr)
+            return EXIT_DEVICE
+        return EXIT_OK
+    if args.command == "compare":
+        try:
+            _compare(args)
+        except _UsageError as exc:
+            print(f"npu: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except (DeviceError, TransportError) as exc:
+            print(f"npu: device error: {exc}", file=sys.stderr)
+            return EXIT_DEVICE
         return EXIT_OK
     if args.command in ("deps", "export"):
         try:

@@ -814,7 +814,8 @@ def export_image(image, path, *, config: NpuConfig | None = None,
     ------
     ExportError
         the program fails on the build, or a job would leave input vectors to the next
-        one or push another number of outputs than the image says.
+        one or push another number of outputs than the image says; the image runs its
+        program more than once per job (``image.runs``).
     OSError
         when the files cannot be written.
     """
@@ -822,6 +823,14 @@ def export_image(image, path, *, config: NpuConfig | None = None,
         source = source or str(image)
         image = NetworkImage.load(image)
     source = source or "a NetworkImage in memory"
+    if image.runs > 1:
+        # The exported layer runs the program once per job; a job of several runs (the
+        # state kept on the device between them) is not modelled there.
+        raise ExportError(f"the image runs its program {image.runs} times per job (a "
+                          f"sequence in chunks of steps, the state kept between runs); the "
+                          f"exported NumPy layer runs a job as one run: compile the model "
+                          f"for a build whose program_depth and netq_depth hold the whole "
+                          f"sequence to export it")
     cfg = _config_of(image, config)
     image.check_config(cfg)
     path = os.fspath(path)

@@ -13,8 +13,32 @@ a tensor's elements per batch row are the others, row major, wherever the batch 
 ``Dense``
     ``y = x @ W.T + b``; inputs ``[x, W, b]`` or ``[x, W]``, ``W`` an initializer of shape
     ``(out, in)``, ``b`` one of shape ``(out,)``; ``x`` is ``(batch, in)``.
-``Relu``, ``Sigmoid``, ``Tanh``
+``Relu``, ``Sigmoid``, ``Tanh``, ``Exp``
     element-wise, one input.
+``Conv``
+    2-D convolution, ``group = 1``, dilation 1: inputs ``[x, W, b]`` or ``[x, W]``, ``x``
+    ``(batch, C_in, H, W)``, ``W`` an initializer ``(C_out, C_in, kh, kw)``, ``b``
+    ``(C_out,)``; attributes ``strides`` ``(sh, sw)`` and ``pads`` ``(top, left, bottom,
+    right)`` (zero padding, explicit: ``auto_pad`` is resolved by the importer); output
+    ``(batch, C_out, oh, ow)`` with ``oh = (H + top + bottom - kh) // sh + 1``
+    (:func:`window_out`).
+``MaxPool``, ``AveragePool``
+    over each channel's ``kernel`` ``(kh, kw)`` window: attributes ``kernel``,
+    ``strides``, ``pads`` as ``Conv``'s; ``AveragePool`` also ``count_include_pad`` (1:
+    divide by ``kh * kw``; 0: by the window's positions inside the map). A
+    ``GlobalAveragePool`` is an ``AveragePool`` over the whole map. Padded positions of a
+    ``MaxPool`` never win.
+``Add``, ``Sub``, ``Mul``
+    element-wise on two data tensors of the same shape (residual connections).
+``Affine``
+    ``y = x * scale + shift`` per channel (axis 1: the channels of ``(batch, C, H, W)``,
+    the features of ``(batch, F)``): inputs ``[x, scale, shift]``, initializers of shape
+    ``(C,)`` (a ``BatchNormalization`` with no convolution or dense layer to fold into,
+    or a ``Mul`` / ``Add`` by a constant).
+``Clip``
+    ``min(max(x, lo), hi)``; attributes ``lo``, ``hi`` (a float, or None: no bound).
+``LeakyRelu``
+    ``max(x, alpha * x)``; attribute ``alpha`` (0 <= alpha <= 1).
 ``Softmax``
     over the last axis of a ``(batch, features)`` tensor.
 ``Flatten``
@@ -52,15 +76,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ELEMENTWISE", "OPS", "RECURRENT", "Graph", "IRError", "Node", "Tensor"]
+__all__ = ["BINARY", "ELEMENTWISE", "OPS", "POOLS", "RECURRENT", "Graph", "IRError", "Node",
+           "Tensor", "window_out"]
 
 #: The op types of the IR.
-OPS = ("Dense", "Relu", "Sigmoid", "Tanh", "Softmax", "Flatten", "View", "LSTM", "GRU",
-       "LastStep")
+OPS = ("Dense", "Relu", "Sigmoid", "Tanh", "Exp", "Softmax", "Flatten", "View", "LSTM",
+       "GRU", "LastStep", "Conv", "MaxPool", "AveragePool", "Add", "Sub", "Mul", "Affine",
+       "Clip", "LeakyRelu")
 #: The recurrent ops and the number of gates of each.
 RECURRENT = {"LSTM": 4, "GRU": 3}
 #: The element-wise unary ops and the NPU unary function of each.
-ELEMENTWISE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh"}
+ELEMENTWISE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp"}
+#: The element-wise ops on two data tensors and the MFU's binary op of each.
+BINARY = {"Add": "add", "Sub": "a_sub_b", "Mul": "mul"}
+#: The pooling ops.
+POOLS = ("MaxPool", "AveragePool")
+
+
+def window_out(size: int, kernel: int, stride: int, before: int, after: int) -> int:
+    """Output positions of a window of ``kernel`` sliding by ``stride`` over ``size``
+    positions zero padded by ``before`` and ``after`` (ONNX's floor rule); 0 if the window
+    does not fit."""
+    span = size + before + after - kernel
+    return span // stride + 1 if span >= 0 else 0
 
 
 class IRError(ValueError):
@@ -145,7 +183,9 @@ class Graph:
     def validate(self) -> None:
         """Check the IR rules: known ops, every input defined before it is read (graph
         input, initializer or an earlier node's output), each tensor written once, the
-        outputs produced, ``Dense`` weights as initializers of matching shapes.
+        outputs produced, ``Dense``, ``Conv`` and recurrent weights as initializers of
+        matching shapes, every window's attributes and output shape, the shapes of binary
+        ops and of ``Affine``'s constants.
 
         Raises
         ------
@@ -175,6 +215,16 @@ class Graph:
                 self._check_recurrent(node)
             elif node.op in ("View", "Flatten", "LastStep"):
                 self._check_view(node)
+            elif node.op == "Conv" or node.op in POOLS:
+                self._check_window(node)
+            elif node.op in BINARY:
+                self._check_binary(node)
+            elif node.op == "Affine":
+                self._check_affine(node)
+            elif node.op == "Clip":
+                lo, hi = node.attrs.get("lo"), node.attrs.get("hi")
+                if lo is not None and hi is not None and lo > hi:
+                    raise IRError(f"{node.where()}: Clip with lo {lo} > hi {hi}")
         for name in self.outputs:
             if name not in defined:
                 raise IRError(f"graph output {name!r} is never produced")
@@ -218,6 +268,56 @@ class Graph:
         if x.features != steps * w.shape[1]:
             raise IRError(f"{node.where()}: input {x.name!r} has {x.features} features per "
                           f"batch row, not steps {steps} x {w.shape[1]}")
+
+    def _check_window(self, node: Node) -> None:
+        """Conv and pools: a (batch, C, H, W) input, the attributes, the output shape."""
+        x, y = self.tensors[node.inputs[0]], self.tensors[node.outputs[0]]
+        if len(x.shape) != 4 or x.shape[0] is not None or None in x.shape[1:]:
+            raise IRError(f"{node.where()}: {node.op} needs a (batch, C, H, W) input, not "
+                          f"{_fmt(x.shape)}")
+        _, c, h, w = x.shape
+        if node.op == "Conv":
+            if len(node.inputs) not in (2, 3):
+                raise IRError(f"{node.where()}: Conv takes [x, W] or [x, W, b]")
+            wt = self.initializers.get(node.inputs[1])
+            if wt is None or wt.ndim != 4 or wt.shape[1] != c:
+                raise IRError(f"{node.where()}: W must be a 4-D initializer (C_out, {c}, kh, "
+                              f"kw), not {None if wt is None else wt.shape}")
+            if len(node.inputs) == 3:
+                b = self.initializers.get(node.inputs[2])
+                if b is None or b.shape != (wt.shape[0],):
+                    raise IRError(f"{node.where()}: b must be an initializer of shape "
+                                  f"({wt.shape[0]},), not {None if b is None else b.shape}")
+            c_out, kernel = wt.shape[0], wt.shape[2:]
+        else:
+            c_out, kernel = c, tuple(node.attrs.get("kernel", ()))
+        strides = tuple(node.attrs.get("strides", ()))
+        pads = tuple(node.attrs.get("pads", ()))
+        if len(kernel) != 2 or len(strides) != 2 or len(pads) != 4 or min(kernel) < 1 \
+                or min(strides) < 1 or min(pads) < 0:
+            raise IRError(f"{node.where()}: kernel {kernel}, strides {strides}, pads {pads}: "
+                          f"need 2 kernel sizes and strides >= 1, 4 pads >= 0")
+        want = (None, c_out, window_out(h, kernel[0], strides[0], pads[0], pads[2]),
+                window_out(w, kernel[1], strides[1], pads[1], pads[3]))
+        if y.shape != want or 0 in want:
+            raise IRError(f"{node.where()}: output {_fmt(y.shape)}, the window gives "
+                          f"{_fmt(want)}")
+
+    def _check_binary(self, node: Node) -> None:
+        shapes = [self.tensors[i].shape if i in self.tensors else None for i in node.inputs]
+        y = self.tensors[node.outputs[0]].shape
+        if len(node.inputs) != 2 or shapes[0] is None or shapes[0] != shapes[1] \
+                or y != shapes[0]:
+            raise IRError(f"{node.where()}: {node.op} takes two data tensors of the same "
+                          f"shape, not {[None if s is None else _fmt(s) for s in shapes]}")
+
+    def _check_affine(self, node: Node) -> None:
+        x = self.tensors[node.inputs[0]]
+        c = x.shape[1] if len(x.shape) > 1 else None
+        arrays = [self.initializers.get(i) for i in node.inputs[1:]]
+        if len(arrays) != 2 or any(a is None or a.shape != (c,) for a in arrays):
+            raise IRError(f"{node.where()}: Affine takes [x, scale, shift], scale and shift "
+                          f"initializers of shape ({c},) for an input {_fmt(x.shape)}")
 
     def _check_view(self, node: Node) -> None:
         x, y = self.tensors[node.inputs[0]], self.tensors[node.outputs[0]]

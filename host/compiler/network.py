@@ -167,7 +167,10 @@ class Network:
 
         ``device`` is a ``host.runtime.device.Device`` (left open) or a device string for
         :meth:`Device.open`; plain ``"model"`` is the reference model of exactly this
-        network's build. Each row is one job of :meth:`Device.stream`.
+        network's build. Each row is one job of :meth:`Device.stream`: ``image.runs``
+        runs of the program (a long sequence in chunks of steps, the state kept on the
+        device between them), keeping every run's outputs or the last run's
+        (``image.keep``).
 
         Raises
         ------
@@ -180,7 +183,7 @@ class Network:
         from host.runtime.device import Device
         jobs = self.jobs(inputs)
         if not len(jobs):
-            return signature_outputs(np.zeros((0, self.image.outputs, self.config.n),
+            return signature_outputs(np.zeros((0, self.image.job_outputs, self.config.n),
                                               np.uint16), self.signature)
         own = not isinstance(device, Device)
         if own:
@@ -193,7 +196,8 @@ class Network:
             results = np.stack(list(dev.stream(jobs, outputs=self.image.outputs,
                                                window=window, progress=progress,
                                                prologue=self.image.job_memories,
-                                               vectors=self.image.inputs)))
+                                               vectors=self.image.inputs,
+                                               runs=self.image.runs, keep=self.image.keep)))
         finally:
             if own:
                 dev.close()
@@ -204,20 +208,52 @@ def compile_graph(graph, config=None, *, source: str = "") -> Network:
     """Lower an IR graph (:mod:`host.compiler.ir`) for ``config`` (an NpuConfig, parse_config
     text, or None for the default build) into a :class:`Network`.
 
+    A ``Dense`` or ``Conv`` node may carry quantization settings (``host.quant`` writes
+    them, ``docs/calibration.md``) in ``node.attrs["quant"]``: ``"input_exponent"``, the
+    E8M0 code of a static input exponent (the lowering sets ``Q_STATIC`` /
+    ``Q_EXPONENT`` for its products), and ``"weight_exponents"``, one exponent per tile
+    row block of the matrix the lowering places (``(rows, column tiles)``; for a ``Conv``
+    or a ``Dense`` over a map, ``host.compiler.lower.window_matrix``'s columns): the image
+    then carries that matrix's MRF words quantized with them
+    (:meth:`~host.compiler.programs.Builder.mrf_words`) instead of the words of the
+    device's dynamic quantizer. ``None`` (or no entry) keeps the dynamic exponent.
+
     Raises
     ------
     host.compiler.lower.CompileError
-        the graph does not fit the build (names the layer, the memory and both sizes).
+        the graph does not fit the build (names the layer, the memory and both sizes), or
+        its quantization settings are malformed (names the layer).
     """
     from host.compiler.image import program_image
-    from host.compiler.lower import lower
+    from host.compiler.lower import CompileError, lower
+    from host.compiler.programs import Builder
     cfg = _as_config(config)
     low = lower(graph, cfg)
     from host.spec.isa import Space
     image = program_image(low.program, per_job_vectors=False)
+    # Calibrated weights: the MRF words of the matrix quantized with the node's block
+    # exponents replace those of the device's quantizer (same slots, same layout).
+    placed = dict(low.program.matrices)                  # tile slot -> the FP16 matrix
+    for node, info in zip(graph.nodes, low.layers):
+        exps = (node.attrs.get("quant") or {}).get("weight_exponents")
+        if node.op not in ("Dense", "Conv") or exps is None or not info.mrf_slots:
+            continue
+        try:
+            addr, words = Builder(cfg).mrf_words(info.mrf_slots[0],
+                                                 placed[info.mrf_slots[0]],
+                                                 np.asarray(exps), f"{node.where()} W")
+        except (TypeError, ValueError) as exc:
+            raise CompileError(f"{node.where()}: its calibrated weights: {exc}") from None
+        at = [i for i, (sp, a, _) in enumerate(image.memories)
+              if Space(sp) is Space.MRF and a == addr]
+        image.memories[at[0]] = (Space.MRF, addr, words)
     image.job_memories = [(Space(s), int(a), np.asarray(d, np.uint16))
                           for s, a, d in low.job_vectors]
     image.inputs = low.in_vectors
+    # A sequence longer than one program holds runs in chunks (docs/compiler.md section 7).
+    from host.compiler.lower_rnn import runs_per_job
+    image.runs = runs_per_job(low)
+    image.keep = "all" if low.out_rows > 1 else "last"
     x = graph.tensors[graph.inputs[0]]
     y = graph.tensors[graph.outputs[0]]
 
@@ -228,10 +264,10 @@ def compile_graph(graph, config=None, *, source: str = "") -> Network:
         "input_shape": declared(x), "output_shape": declared(y),
         "input_name": x.name, "output_name": y.name,
         "input_features": low.in_features, "output_features": low.out_features,
-        "input_vectors": image.inputs, "output_vectors": image.outputs}
+        "input_vectors": image.inputs, "output_vectors": image.job_outputs}
     if low.in_rows != 1 or low.out_rows != 1:
         image.extra["signature"].update(input_rows=low.in_rows, output_rows=low.out_rows)
-    image.extra["report"] = _report(low, cfg, image, source or graph.name)
+    image.extra["report"] = _report(low, cfg, image, source or graph.name, graph)
     return Network(image)
 
 
@@ -258,18 +294,36 @@ def compile_onnx(source, config=None) -> Network:
 
 
 def _one_job_cycles(image: NetworkImage, cfg: NpuConfig):
+    """Predicted cycles, chains and instructions of one job of zeros, summed over its
+    runs (the host's time between runs not counted): every run is the same program on
+    an idle core, and the prediction does not depend on the values, so one run's figures
+    times the runs."""
     from host.model.core import NpuModel
     model = NpuModel(cfg)
     for space, addr, data in image.memories + image.job_memories:
         model.write(space, addr, data)
     model.load_program(image.program)
-    model.push_input(np.zeros((image.inputs, cfg.n), np.uint16))
+    model.push_input(np.zeros((image.run_inputs, cfg.n), np.uint16))
     result = model.run()
-    return int(result.cycles_predicted), int(result.chains), int(result.instructions)
+    runs = image.runs
+    return (runs * int(result.cycles_predicted), runs * int(result.chains),
+            runs * int(result.instructions))
 
 
-def _report(low, cfg: NpuConfig, image: NetworkImage, source: str) -> dict:
+def _report(low, cfg: NpuConfig, image: NetworkImage, source: str, graph=None) -> dict:
     layers = [info.to_json() for info in low.layers]
+    # A layer's quantization settings (node.attrs["quant"]), when it has any: the static
+    # input exponent (unbiased) or None, and whether the weights are the image's raw words.
+    from host.spec.formats import E8M0_BIAS
+    for lay, node in zip(layers, graph.nodes if graph is not None else []):
+        quant = node.attrs.get("quant")
+        if node.op in ("Dense", "Conv") and quant:
+            code = quant.get("input_exponent")
+            lay["quant"] = {
+                "input": "dynamic" if code is None else "static",
+                "input_exponent": None if code is None else int(code) - E8M0_BIAS,
+                "weights": "dynamic" if quant.get("weight_exponents") is None else "raw",
+                "offset": quant.get("offset")}
     vrf = {}
     for info in low.layers:
         for space, count in info.vrf.items():
@@ -284,8 +338,10 @@ def _report(low, cfg: NpuConfig, image: NetworkImage, source: str) -> dict:
                    "mrf_depth": cfg.mrf_depth, "ivrf_peak": low.ivrf_peak,
                    "ivrf_depth": cfg.ivrf_depth, "vrf": vrf, "vrf_depth": cfg.vrf_depth,
                    "instructions": len(image.program), "program_depth": cfg.program_depth,
-                   "input_vectors": image.inputs, "output_vectors": image.outputs},
-        "per_job": {"cycles_predicted": cycles, "chains": chains,
+                   "input_vectors": image.inputs, "output_vectors": image.job_outputs},
+        # a job of several runs (docs/compiler.md section 7): the figures of all its runs,
+        # the host's time between them not counted
+        "per_job": {"cycles_predicted": cycles, "chains": chains, "runs": image.runs,
                     "instructions": instructions,
                     "macs_per_cycle": round(macs / cycles, 3) if cycles else None,
                     "peak_macs_per_cycle": cfg.macs_per_cycle},
@@ -319,4 +375,56 @@ def format_report(report: dict) -> str:
         f"{p['chains']} chains; {p['cycles_predicted']} cycles predicted "
         f"({p['macs_per_cycle']} of {p['peak_macs_per_cycle']} MACs per cycle)",
         f"build: {report['build']}"]
+    if isinstance(report.get("calibration"), dict):
+        lines += _format_calibration(report["calibration"])
     return "\n".join(lines)
+
+
+def _format_calibration(cal: dict) -> list:
+    """The calibration section of :func:`format_report` (``docs/calibration.md`` 6)."""
+    def num(v, fmt="{:.3g}"):
+        return "-" if v is None else fmt.format(v)
+
+    rows = [("layer", "method", "input", "mse static/dynamic", "weights", "w mse (max)",
+             "offset", "sat v/w/o", "narrow", "scaled", "out err")]
+    for lay in cal.get("layers", []):
+        inp, wts, off = lay.get("input", {}), lay.get("weights", {}), lay.get("offset")
+        counts, sc = lay.get("counts", {}), lay.get("scaling")
+        e = wts.get("exponents") or []
+        mode = f"static e={inp['exponent']}" if inp.get("mode") == "static" else "dynamic"
+        err = (lay.get("output_error") or {}).get("rel_rms")
+        rows.append((
+            lay["name"], lay.get("method", cal.get("method", "")), mode,
+            f"{num(inp.get('mse_static'))}/{num(inp.get('mse_dynamic'))}",
+            f"{wts.get('mode', '-')} {e[0]}..{e[1]}" if e else wts.get("mode", "-"),
+            f"{num(wts.get('mse'))} ({num(wts.get('mse_max_based'))})",
+            num(off.get("value")) if off and off.get("applied") else "-",
+            (f"{counts.get('vector_saturations', '-')}/{wts.get('clipped', '-')}/"
+             f"{counts.get('output_saturations', '-')}"),
+            f"{counts.get('narrow_events', '-')} (k={counts.get('narrow_width', '-')})",
+            f"+{sc['offset']} {sc['policy']}" if sc else "-",
+            "-" if err is None else f"{100 * err:.2f} %"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = [(f"calibration: method {cal.get('method')} on {cal.get('samples')} samples "
+            f"({cal.get('data')}); counts on {cal.get('device')}; output error against the "
+            f"{cal.get('reference', 'float reference')}")]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    total = cal.get("output_error") or {}
+    out.append(f"network output error: {num(total.get('rel_rms'), '{:.4g}')} relative RMS, "
+               f"{num(total.get('max_abs'), '{:.4g}')} largest")
+    rs = cal.get("range_scaling")
+    if rs:
+        out.append(f"range scaling: {rs['accumulator_bits']}-bit accumulator, threshold "
+                   f"{rs['threshold']} events ({rs['events']}); raised: {rs['policy']}")
+        for it in rs.get("log", []):
+            parts = []
+            if it.get("input_exponent") is not None:
+                parts.append(f"input e={it['input_exponent']}")
+            w = it.get("weight_exponents")
+            if w:
+                parts.append(f"weights {w[0]}..{w[1]}")
+            out.append(f"  {it['layer']} +{it['offset']}: {', '.join(parts) or 'dynamic'}: "
+                       f"{it['events']} events (narrow {it['narrow_events']}, saturations "
+                       f"v/w/o {it['vector_saturations']}/{it['weight_saturations']}/"
+                       f"{it['output_saturations']})")
+    return out

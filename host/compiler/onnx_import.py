@@ -10,10 +10,20 @@ inference, folds the constant parts of the graph, and turns the rest into IR nod
   ``Concat``, ``Unsqueeze``, ``Squeeze``, ``Reshape``, ``Flatten``, ``Cast``,
   ``Transpose``, ``Add``, ``Sub``, ``Mul``, ``Div``;
 * imported: ``Gemm`` (``alpha``, ``beta``, ``transB``; ``transA = 0``) and ``MatMul``
-  with a constant right operand become ``Dense`` (``W`` of shape ``(out, in)``); an
-  ``Add`` of a constant vector right after one becomes its bias; ``Relu``, ``Sigmoid``,
-  ``Tanh``; ``Softmax`` over the last axis (all of a row's features); ``Flatten`` and
-  ``Reshape`` to ``(batch, features)``;
+  with a constant right operand become ``Dense`` (``W`` of shape ``(out, in)``);
+  ``Conv`` 2-D (``group = 1``, dilation 1, explicit ``pads`` or ``auto_pad``) becomes
+  ``Conv`` with explicit pads; ``MaxPool``, ``AveragePool`` (``ceil_mode`` only where it
+  changes nothing), ``GlobalAveragePool``, ``GlobalMaxPool`` and ``ReduceMean`` /
+  ``ReduceMax`` over the two spatial axes become the IR's pools;
+  ``Relu``, ``Sigmoid``, ``Tanh``, ``Exp``, ``Clip`` (constant bounds), ``LeakyRelu``
+  (``0 <= alpha <= 1``); ``Softmax`` over the last axis (all of a row's features);
+  ``Flatten`` and ``Reshape`` to ``(batch, features)``;
+* element-wise arithmetic: ``Add``, ``Sub``, ``Mul`` of two data tensors of one shape
+  become the IR's ``Add`` / ``Sub`` / ``Mul``; ``Add``, ``Sub``, ``Mul``, ``Div`` by a
+  constant (a scalar or one value per channel) and ``BatchNormalization`` (inference)
+  are a per-channel ``y = x * scale + shift``, folded into the ``Dense`` / ``Conv`` that
+  produces ``x`` when nothing else reads ``x`` (the bias of a ``MatMul`` + ``Add``, a
+  convolution's batch normalisation), else an IR ``Affine``;
 * recurrent: ``LSTM`` and ``GRU`` (forward, default activations, no clip, no peepholes,
   ``input_forget = 0``; ``layout`` 0 or 1; ``sequence_lens`` only if every entry is the
   sequence length; constant ``initial_h`` / ``initial_c``, the same for every batch
@@ -36,18 +46,21 @@ import os
 
 import numpy as np
 
-from host.compiler.ir import Graph, IRError, Node
+from host.compiler.ir import Graph, IRError, Node, window_out
 
 __all__ = ["FOLDED_OPS", "SUPPORTED_OPS", "OnnxImportError", "import_onnx", "load_onnx"]
 
 #: Operators that become IR nodes (on data, batch first).
-SUPPORTED_OPS = ("Gemm", "MatMul", "Add", "Relu", "Sigmoid", "Tanh", "Softmax", "Flatten",
-                 "Reshape", "Identity", "Dropout", "LSTM", "GRU", "Squeeze", "Unsqueeze",
-                 "Transpose", "Gather", "Slice")
+SUPPORTED_OPS = ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh",
+                 "Exp", "Softmax", "Flatten", "Reshape", "Identity", "Dropout", "Conv",
+                 "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+                 "ReduceMean", "ReduceMax", "BatchNormalization", "Clip", "LeakyRelu",
+                 "LSTM", "GRU", "Squeeze",
+                 "Unsqueeze", "Transpose", "Gather", "Slice")
 #: Operators folded away when every input is a constant (``Shape`` also on data).
 FOLDED_OPS = ("Constant", "Shape", "Gather", "Concat", "Unsqueeze", "Squeeze", "Reshape",
               "Flatten", "Cast", "Transpose", "Add", "Sub", "Mul", "Div", "Identity",
-              "Slice", "ConstantOfShape")
+              "Slice", "ConstantOfShape", "Expand")
 
 #: Where each gate of the builders' order sits in ONNX's weights: LSTM (ONNX i, o, f, c;
 #: :func:`host.compiler.programs.lstm_sequence` f, i, o, c) and GRU (ONNX z, r, h; the
@@ -166,6 +179,14 @@ class _Importer:
         while n in self.alias:
             n = self.alias[n]
         return n
+
+    def readers(self, x: str) -> int:
+        """How many nodes (and graph outputs) read the data tensor ``x``, through the names
+        removed as aliases of it (``Identity``, ``Dropout``, folded nodes) too."""
+        names = {n for n in set(self.uses) | set(self.alias) if self.name(n) == x} | {x}
+        # each alias was made from one reading of the name it points to
+        return sum(self.uses.get(n, 0) for n in names) - \
+            sum(1 for a in self.alias if self.name(a) == x)
 
     def const(self, n: str):
         return self.consts.get(self.name(n))
@@ -372,6 +393,11 @@ class _Importer:
                 fill = self.onnx.numpy_helper.to_array(fill).reshape(-1)[0] \
                     if fill is not None else np.float32(0)
                 return np.full(shape, fill, np.asarray(fill).dtype)
+            if op == "Expand":
+                # a constant broadcast to a shape that may hold the batch size (torch's
+                # zero initial states): one row, broadcast over the batch
+                shape = [1 if int(d) == BATCH else int(d) for d in v[1]]
+                return v[0] * np.ones(shape, v[0].dtype)
             if op == "Slice":
                 starts, ends = v[1], v[2]
                 axes = v[3] if len(v) > 3 and v[3] is not None else range(len(starts))
@@ -449,33 +475,329 @@ class _Importer:
             raise self.unsupported(node, "MatMul needs a constant 2-D right operand")
         self.dense(node, x, w.T.astype(np.float64), None)
 
-    def op_Add(self, node) -> None:
-        k = [i for i in (0, 1) if self.const(node.input[i]) is not None]
-        if len(k) != 1:
-            raise self.unsupported(node, "Add of two computed tensors is not supported (only "
-                                         "a constant bias after MatMul or Gemm)")
-        x = self.data_input(node, 1 - k[0])
+    # --- element-wise arithmetic: with a constant (folded or Affine) or two data tensors --
+
+    def _channel_const(self, node, c, shape) -> np.ndarray:
+        """A constant operand of an element-wise op on data of ``shape`` as one value per
+        channel (axis 1; the features of a ``(batch, F)`` tensor), float64 ``(C,)``."""
+        c = np.asarray(c, np.float64)
+        chans = shape[1] if len(shape) > 1 else 1
+        if c.size == 1:
+            return np.full(chans, c.reshape(()), np.float64)
+        # drop leading size-1 axes; what is left must be (C,) followed by size-1 axes,
+        # lined up with axis 1 of the data (numpy's right-aligned broadcasting)
+        dims = list(c.shape)
+        trailing = len(shape) - 2                    # the axes after the channel axis
+        while dims and dims[0] == 1 and len(dims) > trailing + 1:
+            dims.pop(0)
+        if len(dims) == trailing + 1 and dims[0] == chans and all(d == 1 for d in dims[1:]):
+            return c.reshape(chans)
+        raise self.unsupported(node, f"{node.op_type} with a constant of shape {c.shape} on "
+                                     f"a tensor of shape {_fmt(shape)} is not supported (only "
+                                     f"a scalar or one value per channel, axis 1)")
+
+    def _affine(self, node, x: str, scale, shift) -> None:
+        """``y = x * scale + shift`` per channel: folded into the ``Dense`` / ``Conv`` that
+        produces ``x`` when nothing else reads ``x``, else an IR ``Affine``."""
         prod = self.ir.producer(x)
-        if prod is None or prod.op != "Dense" or self.uses.get(x, 0) != 1:
-            raise self.unsupported(node, "Add is supported only as the bias right after a "
-                                         "MatMul or Gemm (whose result nothing else reads)")
-        rows = self.shapes[x][1]
-        c = self._bias(node, self.const(node.input[k[0]]), rows, "the added constant")
-        base = prod.inputs[1][:-2]
-        if len(prod.inputs) == 3:
-            self.ir.initializers[prod.inputs[2]] = \
-                (self.ir.initializers[prod.inputs[2]].astype(np.float64) + c).astype(np.float32)
+        if prod is not None and prod.op in ("Dense", "Conv") and self.readers(x) == 1:
+            w = self.ir.initializers[prod.inputs[1]].astype(np.float64)
+            scale_w = scale.reshape((-1,) + (1,) * (w.ndim - 1))
+            self.ir.initializers[prod.inputs[1]] = (w * scale_w).astype(np.float32)
+            base = prod.inputs[1][:-2]
+            if len(prod.inputs) == 3:
+                b = self.ir.initializers[prod.inputs[2]].astype(np.float64)
+                self.ir.initializers[prod.inputs[2]] = (b * scale + shift).astype(np.float32)
+            elif np.any(shift != 0):
+                self.ir.initializers[f"{base}.b"] = shift.astype(np.float32)
+                prod.inputs.append(f"{base}.b")
+            prod.origin = (prod.origin[0], prod.origin[1] + "+" + node.op_type)
+            self.alias[node.output[0]] = x
+            return
+        base = node.name or node.output[0]
+        names = [f"{base}.scale", f"{base}.shift"]
+        self.ir.initializers[names[0]] = np.asarray(scale, np.float32)
+        self.ir.initializers[names[1]] = np.asarray(shift, np.float32)
+        self.add(node, "Affine", [x, *names], self.shapes[x])
+
+    def _arith(self, node) -> None:
+        """Add, Sub, Mul, Div: one constant operand (an affine map per channel) or two data
+        tensors of one shape (Add, Sub, Mul)."""
+        op = node.op_type
+        k = [i for i in (0, 1) if self.const(node.input[i]) is not None]
+        if not k:
+            a, b = self.data_input(node, 0), self.data_input(node, 1)
+            if op == "Div":
+                raise self.unsupported(node, "Div of two computed tensors is not supported "
+                                             "(only by a constant)")
+            if self.shapes[a] != self.shapes[b]:
+                raise self.unsupported(node, f"{op} of computed tensors of shapes "
+                                             f"{_fmt(self.shapes[a])} and "
+                                             f"{_fmt(self.shapes[b])} is not supported (only "
+                                             f"of the same shape, no broadcasting)")
+            self.add(node, op, [a, b], self.shapes[a])
+            return
+        x = self.data_input(node, 1 - k[0])
+        c = self._channel_const(node, self.const(node.input[k[0]]), self.shapes[x])
+        ones, zeros = np.ones_like(c), np.zeros_like(c)
+        if op == "Add":
+            scale, shift = ones, c
+        elif op == "Mul":
+            scale, shift = c, zeros
+        elif op == "Sub":
+            scale, shift = (ones, -c) if k[0] == 1 else (-ones, c)
         else:
-            self.ir.initializers[f"{base}.b"] = c.astype(np.float32)
-            prod.inputs.append(f"{base}.b")
-        prod.origin = (prod.origin[0], prod.origin[1] + "+Add")
-        self.alias[node.output[0]] = x
+            if k[0] == 0:
+                raise self.unsupported(node, "Div of a constant by a computed tensor is not "
+                                             "supported (only x / constant)")
+            scale, shift = 1.0 / c, zeros
+        self._affine(node, x, scale, shift)
+
+    op_Add = op_Sub = op_Mul = op_Div = _arith
+
+    def op_BatchNormalization(self, node) -> None:
+        a = self.attrs(node)
+        if a.get("training_mode", 0):
+            raise self.unsupported(node, "BatchNormalization with training_mode=1 is not "
+                                         "supported (only inference)")
+        if any(o and self.uses.get(o, 0) for o in node.output[1:]):
+            raise self.unsupported(node, "BatchNormalization's running mean / variance "
+                                         "outputs are not supported (only inference)")
+        x = self.data_input(node)
+        shape = self.shapes[x]
+        if len(shape) < 2 or shape[0] is not None:
+            raise self.unsupported(node, f"BatchNormalization of {_fmt(shape)} is not "
+                                         f"supported (only (batch, C, ...))")
+        params = []
+        for i, what in zip(range(1, 5), ("scale", "B", "input_mean", "input_var")):
+            v = self.const(node.input[i]) if len(node.input) > i and node.input[i] else None
+            if v is None:
+                raise self.unsupported(node, f"BatchNormalization with a computed {what} is "
+                                             f"not supported (only constants)")
+            v = np.asarray(v, np.float64).reshape(-1)
+            if v.shape != (shape[1],):
+                raise self.err(node, f"{what} has {v.size} values, the input has "
+                                     f"{shape[1]} channels")
+            params.append(v)
+        gamma, beta, mean, var = params
+        k = gamma / np.sqrt(var + float(a.get("epsilon", 1e-5)))
+        self._affine(node, x, k, beta - mean * k)
 
     def _unary(self, node) -> None:
         x = self.data_input(node)
         self.add(node, node.op_type, [x], self.shapes[x])
 
-    op_Relu = op_Sigmoid = op_Tanh = _unary
+    op_Relu = op_Sigmoid = op_Tanh = op_Exp = _unary
+
+    def op_Clip(self, node) -> None:
+        x = self.data_input(node)
+        if self.opset < 11:
+            a = self.attrs(node)
+            bounds = [a.get("min"), a.get("max")]
+        else:
+            bounds = []
+            for i, what in ((1, "min"), (2, "max")):
+                if len(node.input) > i and node.input[i]:
+                    v = self.const(node.input[i])
+                    if v is None or np.asarray(v).size != 1:
+                        raise self.unsupported(node, f"Clip with a computed or non-scalar "
+                                                     f"{what} is not supported (only "
+                                                     f"constants)")
+                    bounds.append(float(np.asarray(v).reshape(())))
+                else:
+                    bounds.append(None)
+        lo, hi = [None if v is None or not np.isfinite(v) else float(v) for v in bounds]
+        if lo is not None and hi is not None and lo > hi:
+            raise self.unsupported(node, f"Clip with min {lo} > max {hi} is not supported")
+        if lo is None and hi is None:
+            self.alias[node.output[0]] = x
+            return
+        self.add(node, "Clip", [x], self.shapes[x], lo=lo, hi=hi)
+
+    def op_LeakyRelu(self, node) -> None:
+        x = self.data_input(node)
+        alpha = float(self.attrs(node).get("alpha", 0.01))
+        if not 0.0 <= alpha <= 1.0:
+            raise self.unsupported(node, f"LeakyRelu with alpha={alpha} is not supported "
+                                         f"(computed as max(x, alpha * x), which needs "
+                                         f"0 <= alpha <= 1)")
+        if alpha == 1.0:
+            self.alias[node.output[0]] = x
+        elif alpha == 0.0:
+            self.add(node, "Relu", [x], self.shapes[x])
+        else:
+            self.add(node, "LeakyRelu", [x], self.shapes[x], alpha=alpha)
+
+    # --- convolution and pooling ----------------------------------------------------------
+
+    def _image(self, node) -> str:
+        x = self.data_input(node)
+        shape = self.shapes[x]
+        if len(shape) != 4 or shape[0] is not None:
+            raise self.unsupported(node, f"{node.op_type} of a tensor of shape {_fmt(shape)} "
+                                         f"is not supported (only 2-D: (batch, C, H, W))")
+        return x
+
+    def _window(self, node, a: dict, size, kernel):
+        """``strides`` and explicit ``pads`` (top, left, bottom, right) of a Conv or pool,
+        ``auto_pad`` resolved; dilations other than 1 refused."""
+        kernel = [int(k) for k in kernel]
+        dil = [int(d) for d in a.get("dilations", [1, 1])]
+        if dil != [1, 1]:
+            raise self.unsupported(node, f"attribute dilations={dil} is not supported (only "
+                                         f"dilation 1)")
+        strides = [int(s) for s in a.get("strides", [1, 1])]
+        if len(strides) != 2 or min(strides) < 1:
+            raise self.err(node, f"strides {strides} must be two integers >= 1")
+        auto = a.get("auto_pad", b"NOTSET")
+        auto = auto.decode() if isinstance(auto, bytes) else auto
+        if auto == "NOTSET":
+            pads = [int(p) for p in a.get("pads", [0, 0, 0, 0])]
+            if len(pads) != 4 or min(pads) < 0:
+                raise self.err(node, f"pads {pads} must be four integers >= 0")
+        elif auto == "VALID":
+            pads = [0, 0, 0, 0]
+        elif auto in ("SAME_UPPER", "SAME_LOWER"):
+            begin, end = [], []
+            for n, k, s in zip(size, kernel, strides):
+                total = max((-(-n // s) - 1) * s + k - n, 0)
+                small, big = total // 2, total - total // 2
+                begin.append(small if auto == "SAME_UPPER" else big)
+                end.append(big if auto == "SAME_UPPER" else small)
+            pads = begin + end
+        else:
+            raise self.unsupported(node, f"attribute auto_pad={auto!r} is not supported")
+        return strides, pads
+
+    def _ceil_mode(self, node, a: dict, size, kernel, strides, pads) -> None:
+        """Refuse ``ceil_mode = 1`` where it changes the output size."""
+        if not a.get("ceil_mode", 0):
+            return
+        for n, k, s, pb, pe in zip(size, kernel, strides, pads[:2], pads[2:]):
+            floor = window_out(n, k, s, pb, pe)
+            ceil = -(-(n + pb + pe - k) // s) + 1
+            if (ceil - 1) * s >= n + pb:        # a last window starting in the end padding
+                ceil -= 1
+            if ceil != floor:
+                raise self.unsupported(node, f"attribute ceil_mode=1 is not supported where "
+                                             f"it changes the output (here {ceil} positions "
+                                             f"instead of {floor} along an axis of {n})")
+
+    def op_Conv(self, node) -> None:
+        a = self.attrs(node)
+        x = self._image(node)
+        _, c, h, wd = self.shapes[x]
+        w = self.const(node.input[1])
+        if w is None:
+            raise self.unsupported(node, "Conv with computed weights is not supported (only "
+                                         "constants)")
+        if w.ndim != 4:
+            raise self.unsupported(node, f"Conv with weights of shape {w.shape} is not "
+                                         f"supported (only 2-D: (C_out, C_in, kh, kw))")
+        group = int(a.get("group", 1))
+        if group != 1:
+            raise self.unsupported(node, f"attribute group={group} is not supported (grouped "
+                                         f"or depthwise convolution; only group = 1)")
+        if w.shape[1] != c:
+            raise self.err(node, f"weights of shape {w.shape} do not match the input's {c} "
+                                 f"channels")
+        kernel = list(w.shape[2:])
+        if "kernel_shape" in a and [int(k) for k in a["kernel_shape"]] != kernel:
+            raise self.err(node, f"kernel_shape {list(a['kernel_shape'])} differs from the "
+                                 f"weights' {kernel}")
+        strides, pads = self._window(node, a, (h, wd), kernel)
+        inputs = [x]
+        base = node.name or node.output[0]
+        self.ir.initializers[f"{base}.W"] = np.ascontiguousarray(w, np.float32)
+        inputs.append(f"{base}.W")
+        if len(node.input) > 2 and node.input[2]:
+            b = self.const(node.input[2])
+            if b is None:
+                raise self.unsupported(node, "Conv with a computed bias is not supported")
+            self.ir.initializers[f"{base}.b"] = np.asarray(b, np.float32).reshape(-1)
+            inputs.append(f"{base}.b")
+        oh = window_out(h, kernel[0], strides[0], pads[0], pads[2])
+        ow = window_out(wd, kernel[1], strides[1], pads[1], pads[3])
+        if oh < 1 or ow < 1:
+            raise self.err(node, f"a {kernel[0]} x {kernel[1]} kernel does not fit the "
+                                 f"padded {h} x {wd} input")
+        self.add(node, "Conv", inputs, (None, w.shape[0], oh, ow), strides=tuple(strides),
+                 pads=tuple(pads))
+
+    def _pool(self, node, op: str, kernel, a: dict) -> None:
+        x = self._image(node)
+        _, c, h, wd = self.shapes[x]
+        if len(node.output) > 1 and node.output[1] and self.uses.get(node.output[1]):
+            raise self.unsupported(node, f"{node.op_type}'s Indices output is not supported")
+        kernel = [int(k) for k in kernel]
+        if len(kernel) != 2 or min(kernel) < 1:
+            raise self.unsupported(node, f"kernel_shape {kernel} is not supported (only 2-D)")
+        strides, pads = self._window(node, a, (h, wd), kernel)
+        if any(p >= k for p, k in zip(pads, kernel * 2)):
+            raise self.err(node, f"pads {pads} must be smaller than the kernel {kernel}")
+        self._ceil_mode(node, a, (h, wd), kernel, strides, pads)
+        oh = window_out(h, kernel[0], strides[0], pads[0], pads[2])
+        ow = window_out(wd, kernel[1], strides[1], pads[1], pads[3])
+        if oh < 1 or ow < 1:
+            raise self.err(node, f"a {kernel[0]} x {kernel[1]} window does not fit the "
+                                 f"padded {h} x {wd} input")
+        extra = {}
+        if op == "AveragePool":
+            extra["count_include_pad"] = int(a.get("count_include_pad", 0))
+        self.add(node, op, [x], (None, c, oh, ow), kernel=tuple(kernel),
+                 strides=tuple(strides), pads=tuple(pads), **extra)
+
+    def op_MaxPool(self, node) -> None:
+        a = self.attrs(node)
+        if "kernel_shape" not in a:
+            raise self.err(node, "MaxPool needs kernel_shape")
+        self._pool(node, "MaxPool", a["kernel_shape"], a)
+
+    def op_AveragePool(self, node) -> None:
+        a = self.attrs(node)
+        if "kernel_shape" not in a:
+            raise self.err(node, "AveragePool needs kernel_shape")
+        self._pool(node, "AveragePool", a["kernel_shape"], a)
+
+    def op_GlobalAveragePool(self, node) -> None:
+        x = self._image(node)
+        self._pool(node, "AveragePool", self.shapes[x][2:], {})
+
+    def op_GlobalMaxPool(self, node) -> None:
+        x = self._image(node)
+        self._pool(node, "MaxPool", self.shapes[x][2:], {})
+
+    def _reduce(self, node) -> None:
+        """``ReduceMean`` / ``ReduceMax`` over both spatial axes of a ``(batch, C, H, W)``
+        map (what ``torch.onnx.export`` writes for ``AdaptiveAvgPool2d(1)``): a global
+        pool, then a ``View`` without the two axes unless ``keepdims``."""
+        x = self._image(node)
+        a = self.attrs(node)
+        axes = self._axes(node)
+        if axes is None and a.get("noop_with_empty_axes", 0):
+            self.alias[node.output[0]] = x
+            return
+        axes = sorted({int(v) % 4 for v in axes}) if axes is not None else [0, 1, 2, 3]
+        if axes != [2, 3]:
+            raise self.unsupported(node, f"{node.op_type} over axes {axes} is not supported "
+                                         f"(only over the two spatial axes [2, 3]: a global "
+                                         f"pool)")
+        op = "AveragePool" if node.op_type == "ReduceMean" else "MaxPool"
+        _, c, h, w = self.shapes[x]
+        keep = a.get("keepdims", 1)
+        out = node.output[0]
+        pooled = out if keep else f"{out}.pooled"
+        self.new_tensor(node, pooled, (None, c, 1, 1))
+        extra = {"count_include_pad": 0} if op == "AveragePool" else {}
+        self.ir.add_node(Node(node.name or out, op, [x], [pooled],
+                              dict(kernel=(h, w), strides=(1, 1), pads=(0, 0, 0, 0), **extra),
+                              (node.name, node.op_type)))
+        if not keep:
+            self.new_tensor(node, out, (None, c))
+            self.ir.add_node(Node(f"{node.name or out}.squeeze", "View", [pooled], [out], {},
+                                  (node.name, node.op_type)))
+
+    op_ReduceMean = op_ReduceMax = _reduce
 
     def op_Softmax(self, node) -> None:
         x = self.data_input(node)
@@ -528,6 +850,15 @@ class _Importer:
         if not allowzero:
             t = [(BATCH if shape[i] is None else shape[i]) if v == 0 and i < len(shape) else v
                  for i, v in enumerate(t)]
+        view = self._reshape_view(shape, t)
+        if view is not None and (len(view) != 2 or view[0] is not None):
+            # only size-1 axes come or go (a sequence's (T, batch, 1, H) to (T, batch, H)):
+            # the elements of a batch row keep their order
+            kept = [i for i, d in enumerate(shape) if d != 1]
+            step = self.steps.get(x)
+            self.view(node, x, view, None if step not in kept else
+                      [i for i, d in enumerate(view) if d != 1][kept.index(step)])
+            return
         # the batch axis may sit behind size-1 axes (an RNN's Y_h (1, batch, H))
         before = shape[:shape.index(None)] if None in shape else shape
         if any(d != 1 for d in before):
@@ -542,6 +873,25 @@ class _Importer:
                                          f"supported (only to (batch, {feats}))")
         self._to_2d(node, x)
 
+
+    def _reshape_view(self, shape, target):
+        """The shape a Reshape of ``shape`` to ``target`` (zeros resolved; ``BATCH`` the
+        batch size) gives when it only adds or removes size-1 axes, else None."""
+        t = [None if v in (BATCH,) else v for v in target]
+        if t.count(-1) > 1:
+            return None
+        if -1 in t:
+            known = int(np.prod([d for d in t if d not in (None, -1)], dtype=np.int64))
+            if known == 0 or _feats(shape) % known:
+                return None
+            # with no batch entry in the target, -1 is the batch axis
+            t[t.index(-1)] = _feats(shape) // known if None in t else \
+                (None if known == _feats(shape) else -1)
+            if -1 in t:
+                return None
+        if [d for d in t if d != 1] != [d for d in shape if d != 1]:
+            return None
+        return t
 
     # --- views and recurrent layers -------------------------------------------------------
 

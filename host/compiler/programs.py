@@ -31,7 +31,7 @@ import numpy as np
 from host.numerics import bfp
 from host.numerics.mvm import fp16_bits
 from host.spec.config import NpuConfig
-from host.spec.formats import Rounding, check_int
+from host.spec.formats import MAX_EXPONENT_CODE, MVM_EXP_MAX, ZERO_BLOCK_EXP, Rounding, check_int
 from host.spec.isa import (
     REG_DEFAULTS, Instruction, Reg, Space, encode_program, mnemonic, operand_vrf,
 )
@@ -40,7 +40,8 @@ from host.spec.mfu import MfuOp, MfuUnit, allocate
 __all__ = [
     "Ref", "Program", "Builder", "native", "logical", "mlp_layer", "lstm_sequence",
     "lstm_step", "gru_step", "conv1x1", "conv2d", "softmax_head", "emit_lstm", "emit_gru",
-    "gru_sequence",
+    "gru_sequence", "lstm_layer", "gru_layer", "RecurrentLayer", "LSTM_FUSED", "LSTM_UNFUSED",
+    "GRU_FUSED", "GRU_UNFUSED",
 ]
 
 
@@ -270,6 +271,72 @@ class Builder:
         self.program.matrices.append((slot, bits))
         return slot
 
+    def mrf_words(self, slot: int, w, exponents, name: str = "w") -> tuple[int, list]:
+        """Raw MRF words of a matrix quantized with the given block exponents, laid out
+        from tile slot ``slot`` as :meth:`NpuModel.write_weights
+        <host.model.core.NpuModel.write_weights>` lays out the words of the on-chip
+        quantizer (tile ``(r, c)`` in slot ``slot + r * G + c // T`` of engine ``c % T``,
+        ``G = ceil(C / T)``; one word per tile row).
+
+        For weights calibrated on the host (``host.quant``): the image carries these words
+        instead of the ones the device's quantizer would make with dynamic exponents.
+
+        Parameters
+        ----------
+        slot : int
+            The matrix's base tile slot (what :meth:`matrix` returned).
+        w : FP16 matrix ``(rows, cols)`` as :meth:`matrix` takes it
+        exponents : int array ``(rows, ceil(cols / N))``
+            One unbiased exponent per tile row block (``host.quant.weight_exponents``),
+            at most 15 (the MVM's limit); all-zero blocks may have any (their words are
+            written with -127, as the device's quantizer writes them).
+        name : str
+            The matrix's name in error messages.
+
+        Returns
+        -------
+        (addr, words)
+            The first MRF word address (``slot * T * N``) and the words of every slot the
+            matrix occupies (``slots_needed`` slots; unused engines' words are 0, as in
+            :func:`host.compiler.image.program_image`).
+
+        Raises
+        ------
+        TypeError, ValueError
+            ``w`` as :meth:`matrix`; ``exponents`` of another shape, not integers, or
+            outside ``[-127, 15]`` (the message names ``name``).
+        """
+        cfg = self.config
+        n, t = self.n, cfg.tiles
+        bits = _matrix(w, name)
+        rows, cols = bits.shape
+        big_r, big_c = self.tiles(rows), self.tiles(cols)
+        e = np.asarray(exponents)
+        if e.shape != (rows, big_c) or not np.issubdtype(e.dtype, np.integer):
+            raise ValueError(f"{name}: exponents must be an integer array of shape "
+                             f"({rows}, {big_c}), one per tile row block, not {e.dtype} "
+                             f"{e.shape}")
+        if e.size and (e.min() < ZERO_BLOCK_EXP or e.max() > MVM_EXP_MAX):
+            raise ValueError(f"{name}: block exponents must be from {ZERO_BLOCK_EXP} to "
+                             f"{MVM_EXP_MAX}, not {int(e.min())}..{int(e.max())}")
+        values = np.zeros((big_r * n, big_c * n), np.float16)
+        values[:rows, :cols] = bits.view(np.float16)
+        exps = np.full((big_r * n, big_c), ZERO_BLOCK_EXP, np.int32)
+        exps[:rows] = e
+        exps[~(values.reshape(big_r * n, big_c, n) != 0).any(axis=-1)] = ZERO_BLOCK_EXP
+        q = bfp.quantize(values, n, cfg.mantissa_bits_w, Rounding.NEAREST_EVEN, exponent=exps)
+        packed = bfp.pack(q).reshape(big_r * n * big_c, -1)
+        groups = -(-big_c // t)
+        need = cfg.mvm.slots_needed(big_r, big_c)
+        words = [0] * (need * t * n)
+        for r in range(big_r):
+            for c in range(big_c):
+                base = ((r * groups + c // t) * t + c % t) * n
+                for i in range(n):
+                    words[base + i] = int.from_bytes(packed[(r * n + i) * big_c + c].tobytes(),
+                                                      "little")
+        return slot * t * n, words
+
     def push(self, values, name: str = "values") -> int:
         """Queue input values (FP16 ``(..., length)`` as :func:`native` takes them, each
         logical vector zero padded to whole native vectors); returns the native vectors
@@ -292,7 +359,8 @@ class Builder:
             self._regs[reg] = value
 
     def chain(self, read, *, rows: int, mv_mul: int | None = None, cols: int | None = None,
-              ops=(), writes=(), iterations: int = 1, window=None) -> None:
+              ops=(), writes=(), iterations: int = 1, window=None,
+              static_exponent: int | None = None) -> None:
         """Emit one chain.
 
         Parameters
@@ -305,10 +373,21 @@ class Builder:
         writes : sequence of Ref, ``(Ref, inc)`` or ``"netq"``
         iterations : ITERATIONS
         window : ``(win_w, win_h, pitch)`` for the MVM input, or None (1 x 1)
+        static_exponent : None or int, with ``mv_mul``
+            The E8M0 code (0..142) of a static input exponent for the product
+            (``Q_STATIC = 1``, ``Q_EXPONENT``); None: the dynamic exponent (``Q_STATIC =
+            0``). Registers are written only when they change, so programs without static
+            exponents have no extra instruction.
         """
+        if mv_mul is not None and static_exponent is not None:
+            static_exponent = check_int("static_exponent", static_exponent, 0,
+                                        MAX_EXPONENT_CODE)
         self.set(Reg.ITERATIONS, iterations)
         self.set(Reg.ROWS, rows)
         if mv_mul is not None:
+            self.set(Reg.Q_STATIC, 0 if static_exponent is None else 1)
+            if static_exponent is not None:
+                self.set(Reg.Q_EXPONENT, static_exponent)
             self.set(Reg.COLS, cols)
             w_w, w_h, pitch = window if window is not None else (1, 1, self._regs[Reg.WIN_PITCH])
             self.set(Reg.WIN_W, w_w)
@@ -703,11 +782,324 @@ def softmax_head(config: NpuConfig, w, b, x) -> Program:
 
 # --- recurrent layers inside a larger program (the network compiler) ---------------------------
 
+#: Quantize-once groups (``docs/compiler.md``, "Quantize once"): the gates whose products
+#: on ``x`` (first tuple) and on ``h`` (second) share one stacked product, so that the
+#: vector is quantized once for them. The unfused forms give every gate its own product.
+#: LSTM: ``x`` feeds two stacks (f, i, o and c; one stack of four leaves the schedule one
+#: independent product short of hiding the recurrence's waits, 11 % slower at 256), ``h``
+#: three (f and i, whose chains differ only in ``f``'s multiply by ``c``: ``i`` is
+#: multiplied by exact ones; o; c). GRU: ``x`` one stack of z, r, n; ``h`` z and r.
+LSTM_FUSED = (("fio", "c"), ("fi", "o", "c"))
+LSTM_UNFUSED = (("f", "i", "o", "c"), ("f", "i", "o", "c"))
+GRU_FUSED = (("zrn",), ("zr", "n"))
+GRU_UNFUSED = (("z", "r", "n"), ("z", "r", "n"))
+
+_ONE = np.uint16(0x3C00)                      # FP16 1.0
+
+
+def _check_groups(groups, gates: str, alone: str, what: str) -> tuple:
+    """``(x_groups, h_groups)`` as tuples of strings, checked: each a partition of
+    ``gates`` in their order of appearance; every ``h`` group inside one ``x`` group (its
+    slice of the stacked ``W x + b`` is contiguous); the gates of ``alone`` alone."""
+    try:
+        xg, hg = (tuple(str(g) for g in part) for part in groups)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} groups must be two sequences of gate strings (x, h), not "
+                         f"{groups!r}") from None
+    for name, part in (("x", xg), ("h", hg)):
+        if sorted("".join(part)) != sorted(gates) or not all(part):
+            raise ValueError(f"the {what} {name} groups {part!r} must split the gates "
+                             f"{gates!r}, each once")
+    for g in hg:
+        if len(g) > 1 and any(a in g for a in alone):
+            raise ValueError(f"the {what} h group {g!r} stacks {alone!r}, whose chain "
+                             f"differs from the others'")
+        if not any(g in s for s in xg):
+            raise ValueError(f"the {what} h group {g!r} is not a contiguous part of one x "
+                             f"group of {xg!r}")
+    return xg, hg
+
+
+def _stacked(mats, h_len: int, n: int, name: str) -> np.ndarray:
+    """The FP16 bits of ``mats`` (``(H, K)`` or ``(H,)`` each) stacked, each padded with
+    zero rows to whole native vectors (so that every part starts on a native vector); one
+    matrix is returned as it is."""
+    bits = [fp16_bits(m, name) for m in mats]
+    if len(bits) == 1:
+        return bits[0]
+    rows = -(-h_len // n) * n
+    out = np.zeros((len(bits) * rows,) + bits[0].shape[1:], np.uint16)
+    for k, b in enumerate(bits):
+        out[k * rows:k * rows + h_len] = b
+    return out
+
+
+class RecurrentLayer:
+    """One LSTM or GRU layer placed in memory (:func:`lstm_layer`, :func:`gru_layer`);
+    :meth:`step` emits one time step's chains in their naive order (the copy of ``x``
+    when needed, the products on ``x``, the gates, the state update), for a scheduler
+    (:mod:`host.compiler.schedule`) to interleave.
+
+    Attributes
+    ----------
+    refs : dict
+        Refs of the state (``"h"``; ``"c"`` for an LSTM): updated in place every step,
+        where the next step (or the next run of the program) finds it.
+    groups : tuple
+        The ``(x, h)`` product groups in force.
+    source : ``"netq"`` or Ref
+        Where each step's input comes from.
+    """
+
+    def __init__(self, bld: Builder, source):
+        self.bld = bld
+        self.source = source
+        self.refs = {}
+
+    def _region(self, mem, space, gates: str, cache: dict, key) -> dict:
+        """Per gate of ``gates``, its Ref in one region of ``space`` holding them all."""
+        if (key, space) not in cache:
+            ht = self.bld.tiles(self.h_len)
+            r = mem.alloc(space, len(gates) * ht)
+            cache[(key, space)] = {g: Ref(space, r.addr + k * ht, ht)
+                                   for k, g in enumerate(gates)}
+        return cache[(key, space)]
+
+    @staticmethod
+    def _span(refs, gates: str) -> Ref:
+        """The Ref covering ``gates``' consecutive Refs."""
+        first = refs[gates[0]]
+        return Ref(first.space, first.addr, first.length * len(gates))
+
+    def _rows(self, gates: str) -> int:
+        return self.h_len if len(gates) == 1 else \
+            len(gates) * self.bld.tiles(self.h_len) * self.bld.n
+
+    def _x_setup(self, mem, wts, xspace: dict):
+        """Matrices, biases and the double-buffered ``W x + b`` of the x groups; ``xspace``
+        maps each gate to the VRF its ``W x + b`` is read from; the copy buffers of ``x``
+        when several products read an input from the queue."""
+        xg = self.groups[0]
+        self.w_slot = {g: mem.matrix(_stacked([wts[f"W_{k}"] for k in g], self.h_len,
+                                              self.bld.n, f"weights['W_{g}']"),
+                                     f"weights['W_{g}']") for g in xg}
+        self.w_bias = {g: mem.place(Space.ASVRF0,
+                                    _stacked([wts[f"b_{k}"] for k in g], self.h_len,
+                                             self.bld.n, f"weights['b_{g}']"), f"b_{g}")
+                       for g in xg}
+        self.xw, self.xw_writes = [], []           # per buffer: gate -> Ref; group -> Refs
+        for p in range(2):
+            cache, refs, writes = {}, {}, {}
+            for g in xg:
+                spaces = list(dict.fromkeys(xspace[k] for k in g))
+                for space in spaces:
+                    region = self._region(mem, space, g, cache, g)
+                    refs.update({k: r for k, r in region.items() if xspace[k] is space})
+                writes[g] = [self._span(cache[(g, space)], g) for space in spaces]
+            self.xw.append(refs)
+            self.xw_writes.append(writes)
+        copy = self.source == "netq" and len(xg) > 1
+        self.x = [mem.alloc(Space.IVRF, self.bld.tiles(self.x_len)) for _ in range(2)] \
+            if copy else None
+
+    def _x_chains(self, t: int) -> None:
+        bld, p = self.bld, t % 2
+        if self.x is not None:
+            bld.chain(self.source, rows=self.x_len, writes=[self.x[p]])
+        read = self.x[p] if self.x is not None else self.source
+        for g in self.groups[0]:
+            bld.chain(read, rows=self._rows(g), mv_mul=self.w_slot[g], cols=self.x_len,
+                      ops=[("vv", "add", self.w_bias[g])], writes=self.xw_writes[p][g])
+
+    def _xw(self, t: int, gates: str) -> Ref:
+        """The slice of this step's ``W x + b`` an h group adds (in its first gate's VRF)."""
+        refs = self.xw[t % 2]
+        return self._span(refs, gates)
+
+    def step(self, t: int, writes=()) -> None:                     # pragma: no cover
+        raise NotImplementedError
+
+
+class _Lstm(RecurrentLayer):
+    def __init__(self, bld, mem, wts, x_len, h_len, h0, c0, groups, source):
+        super().__init__(bld, source)
+        self.x_len, self.h_len = x_len, h_len
+        self.groups = _check_groups(groups, "fioc", "c", "LSTM")
+        nt = bld.tiles
+        ht = nt(h_len)
+        state = getattr(mem, "state", mem.place)
+        self._x_setup(mem, wts, dict.fromkeys("fioc", Space.ASVRF0))
+        self.u_slot = {g: mem.matrix(_stacked([wts[f"U_{k}"] for k in g], h_len, bld.n,
+                                              f"weights['U_{g}']"), f"weights['U_{g}']")
+                       for g in self.groups[1]}
+        self.h = state(Space.IVRF, h0, "h0")
+        self.c = state(Space.MULVRF0, c0, "c0")
+        # f's chain multiplies by c; in a stack with others, they are multiplied by ones
+        # that follow c (FP16 x * 1 = x exactly: no rounding, no event).
+        fg = next(g for g in self.groups[1] if "f" in g)
+        self.c_operand = self.c
+        if len(fg) > 1:
+            if fg[0] != "f":
+                raise ValueError(f"the LSTM h group {fg!r} must start with f (its operand "
+                                 f"is c followed by ones)")
+            ones = mem.place(Space.MULVRF0, np.full((len(fg) - 1) * ht * bld.n, _ONE),
+                             "ones")
+            if ones.addr != self.c.addr + ht:
+                raise ValueError("the ones after c are not contiguous with it in MULVRF0")
+            self.c_operand = Ref(Space.MULVRF0, self.c.addr, len(fg) * ht)
+        out_space = {"f": Space.ASVRF1, "i": Space.MULVRF0, "o": Space.MULVRF0}
+        cache, self.gate = {}, {}
+        self.writes = {}
+        for g in self.groups[1]:
+            if g == "c":
+                continue
+            for space in dict.fromkeys(out_space[k] for k in g):
+                region = self._region(mem, space, g, cache, g)
+                self.gate.update({k: r for k, r in region.items() if out_space[k] is space})
+            self.writes[g] = [self._span(cache[(g, s)], g)
+                              for s in dict.fromkeys(out_space[k] for k in g)]
+        self.refs = {"h": self.h, "c": self.c}
+
+    def step(self, t: int, writes=()) -> None:
+        """Emit step ``t``: the x products, one chain per h group (``f``, ``i``, ``o``
+        sigmoid, ``f`` times ``c``; ``c = tanh(.) * i + f c``), ``h = tanh(c) * o``
+        written to ``h`` and ``writes``."""
+        bld = self.bld
+        self._x_chains(t)
+        for g in self.groups[1]:
+            ops = [("vv", "add", self._xw(t, g))]
+            if g == "c":
+                ops += [("unary", "tanh"), ("vv", "mul", self.gate["i"]),
+                        ("vv", "add", self.gate["f"])]
+                out = [self.c]
+            else:
+                ops.append(("unary", "sigmoid"))
+                if "f" in g:
+                    ops.append(("vv", "mul", self.c_operand))
+                out = self.writes[g]
+            bld.chain(self.h, rows=self._rows(g), mv_mul=self.u_slot[g], cols=self.h_len,
+                      ops=ops, writes=out)
+        bld.chain(self.c, rows=self.h_len, ops=[("unary", "tanh"),
+                                                ("vv", "mul", self.gate["o"])],
+                  writes=[self.h, *writes])
+
+
+class _Gru(RecurrentLayer):
+    def __init__(self, bld, mem, wts, x_len, h_len, h0, lbr, groups, source):
+        super().__init__(bld, source)
+        self.x_len, self.h_len, self.lbr = x_len, h_len, bool(lbr)
+        self.groups = _check_groups(groups, "zrn", "n", "GRU")
+        nt = bld.tiles
+        ht = nt(h_len)
+        state = getattr(mem, "state", mem.place)
+        xspace = {"z": Space.ASVRF0, "r": Space.ASVRF0,
+                  "n": Space.ASVRF1 if self.lbr else Space.ASVRF0}
+        self._x_setup(mem, wts, xspace)
+        self.u_slot = {g: mem.matrix(_stacked([wts[f"U_{k}"] for k in g], h_len, bld.n,
+                                              f"weights['U_{g}']"), f"weights['U_{g}']")
+                       for g in self.groups[1]}
+        self.b_hn = mem.place(Space.ASVRF0, wts["b_hn"], "b_hn") if self.lbr else None
+        self.h = state(Space.IVRF, h0, "h0")
+        self.h_op = state(Space.ASVRF0, h0, "h0")
+        cache, self.gate, self.writes = {}, {}, {}
+        for g in self.groups[1]:
+            if g != "n":
+                self.gate.update(self._region(mem, Space.MULVRF0, g, cache, g))
+                self.writes[g] = [self._span(self.gate, g)]
+        self.n_iv = mem.alloc(Space.IVRF, ht)
+        self.n_op = mem.alloc(Space.ASVRF1, ht)
+        self.rh = None if self.lbr else mem.alloc(Space.IVRF, ht)
+        self.refs = {"h": self.h}
+
+    def step(self, t: int, writes=()) -> None:
+        """Emit step ``t`` (:func:`emit_gru`'s arithmetic): the x products, z and r
+        (sigmoid), n, ``h' = (h - n) * z + n`` written to ``h`` (IVRF and ASVRF0) and
+        ``writes``."""
+        bld = self.bld
+        self._x_chains(t)
+        for g in self.groups[1]:
+            if g != "n":
+                bld.chain(self.h, rows=self._rows(g), mv_mul=self.u_slot[g], cols=self.h_len,
+                          ops=[("vv", "add", self._xw(t, g)), ("unary", "sigmoid")],
+                          writes=self.writes[g])
+            elif self.lbr:
+                bld.chain(self.h, rows=self.h_len, mv_mul=self.u_slot["n"], cols=self.h_len,
+                          ops=[("vv", "add", self.b_hn), ("vv", "mul", self.gate["r"]),
+                               ("vv", "add", self._xw(t, "n")), ("unary", "tanh")],
+                          writes=[self.n_iv, self.n_op])
+            else:
+                bld.chain(self.h, rows=self.h_len, ops=[("vv", "mul", self.gate["r"])],
+                          writes=[self.rh])
+                bld.chain(self.rh, rows=self.h_len, mv_mul=self.u_slot["n"], cols=self.h_len,
+                          ops=[("vv", "add", self._xw(t, "n")), ("unary", "tanh")],
+                          writes=[self.n_iv, self.n_op])
+        bld.chain(self.n_iv, rows=self.h_len,
+                  ops=[("vv", "b_sub_a", self.h_op), ("vv", "mul", self.gate["z"]),
+                       ("vv", "add", self.n_op)], writes=[self.h, self.h_op, *writes])
+
+
+def lstm_layer(bld: Builder, mem, wts: dict, x_len: int, h_len: int, h0, c0, *,
+               fuse: bool = True, groups=None, source="netq") -> RecurrentLayer:
+    """Place an LSTM layer (``wts`` as :func:`lstm_sequence`'s ``weights``, FP16 data as
+    :func:`host.numerics.mvm.fp16_bits` takes it; ``mem`` as :func:`emit_lstm`'s) and
+    return it; its :meth:`~RecurrentLayer.step` emits a step.
+
+    ``fuse`` (quantize once): the gates' products on ``x`` and on ``h`` stacked as
+    :data:`LSTM_FUSED` says, else one product per gate (:data:`LSTM_UNFUSED`); ``groups``
+    (``(x groups, h groups)``) overrides both. Every result bit is the same either way:
+    the rows of a stacked product are the rows of the separate ones (each gate's block
+    padded with zero rows to whole native vectors), quantizing the same vector with the
+    same settings, and the extra multiply of a stacked sigmoid gate is by 1.0.
+    ``source``: ``"netq"`` (each step pops ``x_len`` elements from the input queue) or a
+    Ref the step reads (the previous layer's ``h``).
+
+    Raises
+    ------
+    ValueError
+        malformed ``groups``; a memory full (from ``mem``).
+    """
+    groups = groups if groups is not None else (LSTM_FUSED if fuse else LSTM_UNFUSED)
+    return _Lstm(bld, mem, wts, x_len, h_len, h0, c0, groups, source)
+
+
+def gru_layer(bld: Builder, mem, wts: dict, x_len: int, h_len: int, h0, *,
+              linear_before_reset: bool = True, fuse: bool = True, groups=None,
+              source="netq") -> RecurrentLayer:
+    """Place a GRU layer (:func:`emit_gru`'s ``wts`` and arithmetic) and return it;
+    ``fuse`` / ``groups`` / ``source`` as :func:`lstm_layer` (:data:`GRU_FUSED`,
+    :data:`GRU_UNFUSED`). Without ``linear_before_reset`` the product of n reads
+    ``r * h``, not ``h``, so n never shares h's product.
+
+    Raises
+    ------
+    ValueError
+        malformed ``groups``; a memory full (from ``mem``).
+    """
+    groups = groups if groups is not None else (GRU_FUSED if fuse else GRU_UNFUSED)
+    return _Gru(bld, mem, wts, x_len, h_len, h0, linear_before_reset, groups, source)
+
+
+def _emit_steps(bld, layer, steps, step_writes, final_writes, order):
+    def step(t):
+        layer.step(t, [*step_writes, *(final_writes if t == steps - 1 else ())])
+    if order == "scheduled":
+        from host.compiler.schedule import emit_scheduled
+        emit_scheduled(bld, steps, step)
+    else:
+        for t in range(steps):
+            step(t)
+
+
+def _check_order(order: str) -> None:
+    if order not in ("hand", "naive", "scheduled"):
+        raise ValueError(f"order must be 'hand', 'naive' or 'scheduled', not {order!r}")
+
+
 def emit_lstm(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h0, c0, *,
-              source="netq", step_writes=(), final_writes=()) -> dict:
-    """Emit :func:`lstm_sequence`'s chains into ``bld`` (the same arithmetic, chain order
-    and, with ``mem = bld``, the same memory layout and instructions), for a program that
-    holds more than this layer.
+              source="netq", step_writes=(), final_writes=(), fuse: bool = False,
+              order: str = "hand") -> dict:
+    """Emit an LSTM over ``steps`` inputs into ``bld``, for a program that holds more
+    than this layer.
 
     ``mem`` places the layer's data: ``mem.matrix(w, name) -> slot``,
     ``mem.place(space, values, name) -> Ref`` (biases), ``mem.alloc(space, length) -> Ref``
@@ -715,10 +1107,39 @@ def emit_lstm(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, 
     ``c0`` (the state the program overwrites; a network writes it before every job),
     else ``mem.place``. ``wts`` holds FP16 bits as :func:`lstm_sequence`'s ``weights``.
     ``source`` is where the steps' inputs come from (``"netq"``: ``steps`` logical
-    vectors of ``x_len`` elements). Every step's ``h`` chain writes ``h`` and
+    vectors of ``x_len`` elements; or a Ref). Every step's ``h`` chain writes ``h`` and
     ``step_writes`` (``["netq"]``: every step's ``h`` to the output queue); the last one
-    also ``final_writes``. Returns the Refs ``{"h", "c"}`` of the final state.
+    also ``final_writes``.
+
+    ``order="hand"`` with ``fuse=False`` (the default) emits :func:`lstm_sequence`'s
+    chains, hand-interleaved (with ``mem = bld``, the same memory layout and
+    instructions). Otherwise the layer of :func:`lstm_layer` (``fuse``: quantize once)
+    emits each step in its naive order (``"naive"``), or that order reordered by
+    :func:`host.compiler.schedule.schedule_tail` (``"scheduled"``); the results are the
+    same bits in every case.
+
+    Returns the Refs ``{"h", "c"}`` of the final state (and ``"scratch"``).
+
+    Raises
+    ------
+    ValueError
+        an unknown ``order``; ``fuse`` with ``order="hand"``.
     """
+    _check_order(order)
+    if order == "hand":
+        if fuse:
+            raise ValueError("order 'hand' is lstm_sequence's unfused order; a fused LSTM "
+                             "is emitted 'naive' or 'scheduled'")
+        return _emit_lstm_hand(bld, mem, wts, steps, x_len, h_len, h0, c0, source=source,
+                               step_writes=step_writes, final_writes=final_writes)
+    layer = lstm_layer(bld, mem, wts, x_len, h_len, h0, c0, fuse=fuse, source=source)
+    _emit_steps(bld, layer, steps, step_writes, final_writes, order)
+    return {"h": layer.h, "c": layer.c, "scratch": layer.x or []}
+
+
+def _emit_lstm_hand(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h0,
+                    c0, *, source="netq", step_writes=(), final_writes=()) -> dict:
+    """:func:`lstm_sequence`'s hand-interleaved chains (see :func:`emit_lstm`)."""
     nt = bld.tiles
     state = getattr(mem, "state", mem.place)
     slots = {k: mem.matrix(wts[k], f"weights[{k!r}]") for k in
@@ -766,7 +1187,7 @@ def emit_lstm(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, 
 
 def emit_gru(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h0, *,
              linear_before_reset: bool = True, source="netq", step_writes=(),
-             final_writes=()) -> dict:
+             final_writes=(), fuse: bool = False, order: str = "hand") -> dict:
     """Emit a GRU over ``steps`` inputs into ``bld`` (``mem``, ``source``, ``step_writes``,
     ``final_writes`` as :func:`emit_lstm`; ``h0`` is state). ``wts``: ``W_z, W_r, W_n``
     ``(H, X)``, ``U_z, U_r, U_n`` ``(H, H)``, ``b_z, b_r, b_n`` and, with
@@ -781,9 +1202,36 @@ def emit_gru(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h
                                                        then holds both of n's biases)
         h' = (h - n) * z + n                           written to h (IVRF and ASVRF0)
 
-    With ``linear_before_reset``, one step and ``mem = bld`` it emits :func:`gru_step`'s
-    chains and layout exactly. Returns the Refs ``{"h"}``.
+    ``order="hand"`` with ``fuse=False`` (the default): each step's chains in that order
+    with one ``x`` buffer (with ``linear_before_reset``, one step and ``mem = bld``,
+    :func:`gru_step`'s chains and layout exactly). Otherwise the layer of
+    :func:`gru_layer` (double-buffered ``x``; ``fuse``: quantize once), ``"naive"`` or
+    ``"scheduled"`` as :func:`emit_lstm`. Returns the Refs ``{"h"}`` (and ``"scratch"``).
+
+    Raises
+    ------
+    ValueError
+        an unknown ``order``; ``fuse`` with ``order="hand"``.
     """
+    _check_order(order)
+    if order == "hand":
+        if fuse:
+            raise ValueError("order 'hand' is gru_sequence's unfused order; a fused GRU is "
+                             "emitted 'naive' or 'scheduled'")
+        return _emit_gru_plain(bld, mem, wts, steps, x_len, h_len, h0,
+                               linear_before_reset=linear_before_reset, source=source,
+                               step_writes=step_writes, final_writes=final_writes)
+    layer = gru_layer(bld, mem, wts, x_len, h_len, h0, linear_before_reset=linear_before_reset,
+                      fuse=fuse, source=source)
+    _emit_steps(bld, layer, steps, step_writes, final_writes, order)
+    return {"h": layer.h, "scratch": (layer.x or []) + [layer.n_iv] +
+            ([layer.rh] if layer.rh is not None else [])}
+
+
+def _emit_gru_plain(bld: Builder, mem, wts: dict, steps: int, x_len: int, h_len: int, h0, *,
+                    linear_before_reset: bool = True, source="netq", step_writes=(),
+                    final_writes=()) -> dict:
+    """:func:`gru_sequence`'s chains (see :func:`emit_gru`)."""
     nt = bld.tiles
     state = getattr(mem, "state", mem.place)
     lbr = bool(linear_before_reset)

@@ -528,15 +528,20 @@ class Device:
     # --- streaming -----------------------------------------------------------------------
 
     def stream(self, inputs, *, outputs: int, window: int = 4, progress=None,
-               total: int | None = None, prologue=(), vectors: int | None = None):
+               total: int | None = None, prologue=(), vectors: int | None = None,
+               runs: int = 1, keep: str = "all"):
         """Run one job per element of ``inputs`` through the loaded program; yield each
-        job's outputs (uint16 ``(outputs, n)``), in order.
+        job's outputs (uint16 ``(outputs, n)``; with several runs, ``(runs * outputs,
+        n)`` or ``(outputs, n)``, see ``keep``), in order.
 
         A job is WRITE of the ``prologue`` memories (if any), PUSH_INPUT of its vectors
-        (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT of ``outputs`` vectors. Up to
-        ``window`` jobs are in flight (sent, results not yet read); ``inputs`` is
-        consumed lazily, so memory stays bounded for any number of jobs. The device
-        executes requests in order, so results come back in order.
+        (uint16 or float16 ``(k, n)``), RUN, POP_OUTPUT of ``outputs`` vectors. With
+        ``runs`` > 1 (a network image's runs per job: a long sequence in chunks) the
+        prologue is written once, then each run pushes its ``k / runs`` vectors, runs the
+        program and pops ``outputs`` vectors; the device keeps its memories between the
+        runs. Up to ``window`` jobs are in flight (sent, results not yet read);
+        ``inputs`` is consumed lazily, so memory stays bounded for any number of jobs.
+        The device executes requests in order, so results come back in order.
 
         Parameters
         ----------
@@ -559,6 +564,12 @@ class Device:
             Input vectors every job must have (a network image's ``inputs``). When
             ``inputs`` is an array or a list, every job is checked before the first is
             sent, so a wrong size runs nothing.
+        runs : int
+            Runs of the program per job (>= 1; a network image's ``runs``); every job's
+            vectors must split equally over them.
+        keep : str
+            With several runs, ``"all"``: a job yields every run's outputs in order;
+            ``"last"``: the last run's (the others are popped and dropped).
 
         Raises
         ------
@@ -568,17 +579,28 @@ class Device:
             later jobs already sent are answered and their replies read first, so the link
             is clean afterwards.
         ValueError
-            for an input of the wrong shape or size: before anything is sent when
-            ``inputs`` is an array or a list, else when that job is reached (the jobs
-            before it are delivered).
+            for an input of the wrong shape or size (or one that does not split equally
+            over ``runs``): before anything is sent when ``inputs`` is an array or a
+            list, else when that job is reached (the jobs before it are delivered); for
+            ``runs`` below 1, an unknown ``keep`` or ``vectors`` that do not split over
+            ``runs`` at once.
         """
         check_int("outputs", outputs, 1)
         check_int("window", window, 1, 64)
+        runs = check_int("runs", runs, 1)
+        if keep not in ("all", "last"):
+            raise ValueError(f"keep must be 'all' or 'last', not {keep!r}")
         if vectors is not None:
             check_int("vectors", vectors, 0)
+            if vectors % runs:
+                raise ValueError(f"vectors ({vectors} per job) must split equally over the "
+                                 f"{runs} runs")
         if isinstance(inputs, (np.ndarray, list, tuple)):
             for i, x in enumerate(inputs):
                 self._check_job(x, vectors, f"input of job {i}")
+                if len(x) % runs:
+                    raise ValueError(f"input of job {i}: {len(x)} vectors do not split "
+                                     f"equally over the {runs} runs of a job")
         if total is None and hasattr(inputs, "__len__"):
             total = len(inputs)
         bar = Progress(total) if progress is True else None
@@ -600,20 +622,30 @@ class Device:
                     label = f"job {sent}: "
                     try:
                         self._check_job(x, vectors, f"input of job {sent}")
-                        reqs = self._push_requests(x, label)
+                        if len(x) % runs:
+                            raise ValueError(f"{len(x)} vectors do not split equally over "
+                                             f"the {runs} runs of a job")
+                        per = len(x) // runs
+                        reqs = [(op, pl, f"{label}{what}") for op, pl, what in setup]
+                        kept = []
+                        for r in range(runs):
+                            tag = f"{label}run {r + 1} of {runs}: " if runs > 1 else label
+                            reqs += self._push_requests(x[r * per:(r + 1) * per], tag)
+                            reqs.append((Opcode.RUN, b"", f"{tag}RUN"))
+                            first = len(reqs)
+                            reqs += [(op, pl, f"{tag}{what}") for op, pl, what in pops]
+                            if keep == "all" or r == runs - 1:
+                                kept += range(first, len(reqs))
                     except ValueError as exc:
                         bad_input = ValueError(f"input of job {sent}: {exc}")
                         break
-                    reqs = [(op, pl, f"{label}{what}") for op, pl, what in setup] + reqs
-                    reqs += [(Opcode.RUN, b"", f"{label}RUN")]
-                    reqs += [(op, pl, f"{label}{what}") for op, pl, what in pops]
-                    jobs.append((sent, [self._send(*r) for r in reqs]))
+                    jobs.append((sent, [self._send(*r) for r in reqs], kept))
                     sent += 1
                 if not jobs:
                     if bad_input is not None:
                         raise bad_input
                     break
-                index, pendings = jobs.popleft()
+                index, pendings, kept = jobs.popleft()
                 bodies, failure = [], None
                 for pending in pendings:
                     status, body = self._receive(pending)
@@ -622,7 +654,7 @@ class Device:
                     bodies.append(body)
                 if failure is not None:
                     self._fail_stream(index, failure, jobs)
-                yield self._vectors_of(bodies[-len(pops):])
+                yield self._vectors_of([bodies[i] for i in kept])
                 done += 1
                 if report is not None:
                     report(done, total)
@@ -637,17 +669,18 @@ class Device:
         """Read the replies of ``jobs``; returns the indices whose RUN succeeded."""
         ran = []
         while jobs:
-            index, pendings = jobs.popleft()
+            index, pendings, _ = jobs.popleft()
             for pending in pendings:
                 if not self._outstanding or self._outstanding[0] is not pending:
                     continue                   # abandoned after a link error
                 status, _ = self._receive(pending)
-                if pending.opcode is Opcode.RUN and status is Status.OK:
+                if pending.opcode is Opcode.RUN and status is Status.OK \
+                        and index not in ran:
                     ran.append(index)
         return ran
 
     def _fail_stream(self, index, failure, jobs):
-        in_flight = [i for i, _ in jobs]
+        in_flight = [i for i, *_ in jobs]
         ran = self._drain(jobs)
         message = f"job {index} failed: {failure}; jobs 0..{index - 1} delivered"
         if in_flight:
@@ -660,7 +693,8 @@ class Device:
     def load_image(self, image) -> None:
         """Write a ``host.spec.image.NetworkImage``'s memories (``job_memories`` too),
         then load its program; jobs go through :meth:`stream` with
-        ``prologue=image.job_memories`` and ``vectors=image.inputs``.
+        ``prologue=image.job_memories``, ``vectors=image.inputs``, ``outputs=image.outputs``,
+        ``runs=image.runs`` and ``keep=image.keep``.
 
         Raises
         ------

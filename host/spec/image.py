@@ -5,6 +5,9 @@ compiler writes it (``host.compiler.image``) and the runtime reads it. Version 2
 job signature (input vectors per job) and room for what later stages record (I/O
 shapes, calibration, quantization overrides, reports); version 1 files still load, with
 no job signature (``inputs`` is ``None``, and inputs of any size are taken as before).
+Version 3 adds runs per job (a long sequence run in chunks of steps, the state kept on
+the device between runs); it is written only for images of more than one run per job,
+so that an image of one run stays version 2, which older readers take.
 
 ``docs/protocol.md`` section 10 describes the file field by field.
 """
@@ -19,13 +22,18 @@ import numpy as np
 
 from host.spec.isa import Space
 
-__all__ = ["NetworkImage", "ImageError", "IMAGE_FORMAT", "IMAGE_VERSION", "IMAGE_VERSIONS"]
+__all__ = ["NetworkImage", "ImageError", "IMAGE_FORMAT", "IMAGE_VERSION", "IMAGE_VERSION_RUNS",
+           "IMAGE_VERSIONS", "KEEP"]
 
 IMAGE_FORMAT = "bfp-npu-image"
-#: The version :meth:`NetworkImage.save` writes.
+#: The version :meth:`NetworkImage.save` writes for an image of one run per job.
 IMAGE_VERSION = 2
+#: The version it writes for an image of several runs per job (``runs`` > 1).
+IMAGE_VERSION_RUNS = 3
 #: The versions :meth:`NetworkImage.load` reads.
-IMAGE_VERSIONS = (1, 2)
+IMAGE_VERSIONS = (1, 2, 3)
+#: What a job of several runs returns: every run's outputs, or the last run's.
+KEEP = ("all", "last")
 
 
 class ImageError(ValueError):
@@ -48,10 +56,21 @@ class NetworkImage:
         Written again before every job (``Device.stream``'s ``prologue``): the state each
         job starts from, such as an LSTM's ``h0`` and ``c0``.
     outputs : int
-        Output vectors each job produces.
+        Output vectors each run of the program produces (each job, with one run).
     inputs : int or None
-        Native input vectors each job takes (``None`` in version 1 images: unknown).
-        ``npu run`` and ``Device.stream`` refuse jobs of another size.
+        Native input vectors each job takes (``None`` in version 1 images: unknown),
+        split equally over its runs. ``npu run`` and ``Device.stream`` refuse jobs of
+        another size.
+    runs : int
+        Runs of the program per job (1 in version 1 and 2 images). A job writes
+        ``job_memories`` once, then for each run pushes its share of the inputs
+        (``inputs / runs`` vectors), runs the program and pops ``outputs`` vectors; the
+        device keeps everything else (a recurrent layer's state) between the runs.
+    keep : str
+        ``"all"``: a job's result is every run's outputs in order (``runs * outputs``
+        vectors, e.g. every step of a sequence); ``"last"``: the last run's only (a
+        result taken after the last step; the earlier runs' outputs are popped and
+        dropped).
     config : dict or None
         Build parameters the program was compiled for (``NpuConfig`` fields; ``unary_ops``
         as a list of names); :meth:`check_config` compares them with a device's.
@@ -67,6 +86,30 @@ class NetworkImage:
     inputs: int | None = None
     config: dict | None = None
     extra: dict = field(default_factory=dict)
+    runs: int = 1
+    keep: str = "all"
+
+    def __post_init__(self):
+        if isinstance(self.runs, bool) or not isinstance(self.runs, (int, np.integer)) \
+                or self.runs < 1:
+            raise ValueError(f"runs must be a positive integer, not {self.runs!r}")
+        self.runs = int(self.runs)
+        if self.keep not in KEEP:
+            raise ValueError(f"keep must be one of {KEEP}, not {self.keep!r}")
+        if self.inputs is not None and self.inputs % self.runs:
+            raise ValueError(f"inputs ({self.inputs} vectors per job) must split equally "
+                             f"over the {self.runs} runs")
+
+    @property
+    def run_inputs(self) -> int | None:
+        """Input vectors each run takes (``inputs / runs``; None when unknown)."""
+        return None if self.inputs is None else self.inputs // self.runs
+
+    @property
+    def job_outputs(self) -> int:
+        """Output vectors a job's result has: ``runs * outputs`` (``keep = "all"``) or
+        ``outputs`` (``"last"``)."""
+        return self.outputs * self.runs if self.keep == "all" else self.outputs
 
     def build(self):
         """The build the image was compiled for, as an ``NpuConfig`` (the default build
@@ -101,7 +144,8 @@ class NetworkImage:
         "version": 2, "outputs": K, "inputs": J or null, "config": {...} or null,
         "memories": [{"space": "IVRF", "addr": 0, "every_job": false}, ...], "extra":
         {...}}``, one ``memories`` entry per ``mem<i>``: first ``memories``, then
-        ``job_memories``.
+        ``job_memories``. With ``runs`` > 1, ``"version": 3`` and ``"runs": {"count": R,
+        "keep": "all" or "last"}``.
 
         Raises
         ------
@@ -123,6 +167,9 @@ class NetworkImage:
         meta = {"format": IMAGE_FORMAT, "version": IMAGE_VERSION, "outputs": int(self.outputs),
                 "inputs": None if self.inputs is None else int(self.inputs),
                 "config": self.config, "memories": entries, "extra": self.extra}
+        if self.runs > 1:
+            meta["version"] = IMAGE_VERSION_RUNS
+            meta["runs"] = {"count": self.runs, "keep": self.keep}
         np.savez(path, program=np.asarray(self.program, dtype=np.uint64),
                  meta=np.array(json.dumps(meta)), **arrays)
 
@@ -161,7 +208,8 @@ class NetworkImage:
         if not isinstance(meta, dict) or meta.get("format") != IMAGE_FORMAT \
                 or meta.get("version") not in IMAGE_VERSIONS:
             raise ImageError(f"{path}: not a {IMAGE_FORMAT!r} image of version "
-                             f"{' or '.join(map(str, IMAGE_VERSIONS))}")
+                             f"{', '.join(map(str, IMAGE_VERSIONS[:-1]))} or "
+                             f"{IMAGE_VERSIONS[-1]}")
         program = f["program"]
         if program.dtype != np.uint64 or program.ndim != 1:
             raise ImageError(f"{path}: 'program' must be 1-D uint64, not "
@@ -189,5 +237,17 @@ class NetworkImage:
         extra = meta.get("extra", {})
         if not isinstance(extra, dict):
             raise ImageError(f"{path}: 'extra' must be a JSON object, not {extra!r}")
-        return cls(program=program, memories=once, job_memories=every, outputs=outputs,
-                   inputs=inputs, config=meta.get("config"), extra=extra)
+        runs, keep = 1, "all"
+        if meta["version"] >= IMAGE_VERSION_RUNS:
+            spec = meta.get("runs")
+            if not isinstance(spec, dict):
+                raise ImageError(f"{path}: a version {meta['version']} image must record "
+                                 f"'runs' (runs per job: {{\"count\": R, \"keep\": ...}}); "
+                                 f"version 1 or 2 images run once per job")
+            runs, keep = spec.get("count"), spec.get("keep")
+        try:
+            return cls(program=program, memories=once, job_memories=every, outputs=outputs,
+                       inputs=inputs, config=meta.get("config"), extra=extra, runs=runs,
+                       keep=keep)
+        except ValueError as exc:
+            raise ImageError(f"{path}: 'runs' is malformed: {exc}") from None

@@ -473,16 +473,82 @@ def test_more_refusals():
         compile_onnx(model, BUILD)
 
 
-def test_sequence_too_long_for_program_memory():
+def test_sequence_longer_than_program_memory_runs_in_chunks():
+    """A sequence whose unrolled program exceeds program_depth is no longer refused: the
+    job runs a program of fewer steps several times (docs/compiler.md section 7), with
+    the same bits as one program of every step; only a build that cannot hold one step
+    is refused, naming the layer and program memory."""
     rng = np.random.default_rng(62)
     model, _ = rnn_model("LSTM", 5, rng, head=True)
+    chunked = compile_onnx(model, BUILD + ",program_depth=200")
+    whole = compile_onnx(model, BUILD)
+    assert chunked.image.runs == 5 and whole.image.runs == 1
+    lay = chunked.report()["layers"][0]
+    assert (lay["steps_per_run"], lay["runs"]) == (1, 5)
+    x = rng.normal(size=(5, 3, I)).astype(np.float32)
+    assert np.array_equal(chunked.run(x), whole.run(x))
     with pytest.raises(CompileError) as info:
-        compile_onnx(model, BUILD + ",program_depth=200")
+        compile_onnx(model, BUILD + ",program_depth=40")
     msg = str(info.value)
-    assert "'rnn' (LSTM)" in msg and "program memory" in msg and "program_depth 200" in msg \
-        and "5 unrolled steps" in msg and "step program" in msg
+    assert "'rnn' (LSTM)" in msg and "program memory" in msg and "program_depth 40" in msg \
+        and "one step" in msg, msg
     with pytest.raises(CompileError, match=r"'rnn' \(LSTM\).*MRF.*mrf_depth 10"):
         compile_onnx(model, BUILD + ",mrf_depth=10")
+
+
+# --- stacked layers (torch's num_layers=2) --------------------------------------------------
+
+def test_stacked_layers_compose_bit_for_bit():
+    """Two LSTMs, and a GRU on an LSTM, as torch exports num_layers=2 (one node per layer,
+    the direction axis squeezed between): one recurrent stage, the layers interleaved
+    step by step, equal bit for bit to running the first layer alone (every step out) and
+    feeding its output to the second alone (with the head); close to onnxruntime."""
+    from onnx import numpy_helper
+    from rnn_onnx import rnn_onnx
+    steps = 4
+    for ops in (("LSTM", "LSTM"), ("LSTM", "GRU")):
+        rng = np.random.default_rng(63)
+        whole = rnn_onnx(ops[0], steps, I, H, rng, ops=ops, head=7)
+        net = compile_onnx(whole, BUILD)
+        layers = [lay for lay in net.report()["layers"] if "quantize_once" in lay]
+        assert [lay["op"] for lay in layers] == list(ops)
+        assert all(lay["quantize_once"]["on"] and lay["runs"] == 1 for lay in layers)
+        x = rng.normal(size=(steps, 3, I)).astype(np.float32)
+        y = net.run(x)
+        ref = ort_run(whole, x)
+        assert y.shape == ref.shape == (3, 7)
+        assert np.abs(y - ref).max() < 2.0 ** -5, np.abs(y - ref).max()
+        # the layers one at a time, with the same weights
+        inits = {t.name: numpy_helper.to_array(t) for t in whole.graph.initializer}
+        first = rnn_onnx(ops[0], steps, I, H, rng, every=True)
+        second = rnn_onnx(ops[1], steps, H, H, rng, head=7)
+        for model, names in ((first, {"W0": "W0", "R0": "R0", "B0": "B0"}),
+                             (second, {"W0": "W1", "R0": "R1", "B0": "B1", "Wd": "Wd",
+                                       "bd": "bd"})):
+            for t in model.graph.initializer:
+                if t.name in names:
+                    t.CopyFrom(numpy_helper.from_array(inits[names[t.name]], t.name))
+        h1 = compile_onnx(first, BUILD).run(x)
+        assert np.array_equal(y, compile_onnx(second, BUILD).run(h1)), ops
+
+
+def test_stacked_every_step_output_and_refusals():
+    """The top layer's every step as the output; a Dense reading a lower layer's every
+    step is still refused."""
+    from rnn_onnx import rnn_onnx
+    rng = np.random.default_rng(64)
+    model = rnn_onnx("GRU", 3, I, H, rng, layers=2, every=True)
+    net = compile_onnx(model, BUILD)
+    x = rng.normal(size=(3, 2, I)).astype(np.float32)
+    y, ref = net.run(x), ort_run(model, x)
+    assert y.shape == ref.shape == (3, 2, H) and np.abs(y - ref).max() < 2.0 ** -5
+    model, _ = rnn_model("LSTM", 3, rng, out="every")
+    g = model.graph
+    g.initializer.append(init("Wm", rng.normal(size=(H, 5))))
+    g.node.append(helper.make_node("MatMul", ["ys", "Wm"], ["z"], name="per_step"))
+    g.output[0].CopyFrom(helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, "B", 5]))
+    with pytest.raises((OnnxImportError, CompileError), match="'per_step'"):
+        compile_onnx(model, BUILD)
 
 
 # --- the builder functions ------------------------------------------------------------------

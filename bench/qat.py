@@ -1,0 +1,85 @@
+"""Seed 002: quantization-aware training started from calibration vs from the device's
+default exponents, on the zoo's digit classifiers that QAT supports (no recurrent layers).
+
+Per model, mantissa width (3 and 4 bits, both widths alike) and seed (the zoo's five
+seeded splits, each model trained on its own split): FP32 accuracy by onnxruntime (the
+zoo's record), the NPU with calibrated exponents (``host.quant.ptq.calibrate_graph`` on
+``x_calib``), QAT started from that calibration, and QAT started from the device's
+default static exponent (e = 0) for every layer input. Accuracy on ``x_test``, which
+neither calibration nor training sees; the QAT figures are the device's (the trained
+module is bit-exact with the compiled network, ``tests/quant/test_qat.py``). Also the
+epochs each QAT needs to come within half a point of its own final accuracy.
+"""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import record
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("mlp", "cnn")
+BITS = (4, 3)
+SEEDS = range(5)
+EPOCHS = 10
+
+
+def _epochs_to(curve, target):
+    return next(i for i, c in enumerate(curve) if c >= target)
+
+
+def run():
+    """QAT from calibration vs from default exponents (seed 002), zoo classifiers."""
+    import torch
+
+    from host.compiler.onnx_import import import_onnx
+    from host.quant.ptq import calibrate_graph
+    from host.quant.qat import DeviceModule, train_qat
+    torch.set_num_threads(1)
+    digits = np.load(ROOT / "zoo" / "data" / "digits.npz")
+    records = []
+    for model in MODELS:
+        for bits in BITS:
+            build = f"mantissa_bits_v={bits},mantissa_bits_w={bits}"
+            rows = {k: [] for k in ("fp32", "ptq", "qat_cal", "qat_def", "ep_cal", "ep_def")}
+            start = time.perf_counter()
+            for seed in SEEDS:
+                d = ROOT / "zoo" / model / f"seed{seed}"
+                data = np.load(d / "data.npz")
+                meta = json.loads((d / "meta.json").read_text())
+                x_all = digits["images"].astype(np.float32) / 16
+                x_train = x_all[data["idx_train"]].reshape((-1,) + data["x_test"].shape[1:])
+                y_train = digits["labels"][data["idx_train"]]
+                graph = import_onnx(d / "model.onnx")
+                calibrated = calibrate_graph(graph, build, data["x_calib"])[0]
+                cal = train_qat(DeviceModule(calibrated, build), x_train, y_train,
+                                data["x_test"], data["y_test"], epochs=EPOCHS, seed=seed)
+                dflt = train_qat(DeviceModule(graph, build, start="default"), x_train,
+                                 y_train, data["x_test"], data["y_test"], epochs=EPOCHS,
+                                 seed=seed)
+                rows["fp32"].append(meta["fp32_accuracy"] * 100)
+                rows["ptq"].append(cal[0])
+                rows["qat_cal"].append(cal[-1])
+                rows["qat_def"].append(dflt[-1])
+                rows["ep_cal"].append(_epochs_to(cal, cal[-1] - 0.5))
+                rows["ep_def"].append(_epochs_to(dflt, dflt[-1] - 0.5))
+            print(f"  {model} {bits}-bit: " + ", ".join(
+                f"{k} {np.mean(v):.1f}" for k, v in rows.items()) +
+                f" ({time.perf_counter() - start:.0f} s)", flush=True)
+            cfg = {"model": model, "mantissa_bits": bits, "seeds": len(SEEDS),
+                   "epochs": EPOCHS, "optimizer": "Adam lr 1e-3, batch 32"}
+            names = {"fp32": "FP32 (onnxruntime)", "ptq": "NPU calibrated (no training)",
+                     "qat_cal": "NPU QAT from calibration",
+                     "qat_def": "NPU QAT from default exponents"}
+            for key, label in names.items():
+                v = np.array(rows[key])
+                records.append(record(f"QAT {model} {bits}-bit accuracy, {label}",
+                                      round(float(v.mean()), 2), "%", std=round(float(v.std()), 2),
+                                      per_seed=[round(float(a), 2) for a in v], **cfg))
+            for key, label in (("ep_cal", "from calibration"), ("ep_def", "from default exponents")):
+                records.append(record(f"QAT {model} {bits}-bit epochs to final minus half a "
+                                      f"point, {label}", float(np.mean(rows[key])), "epochs",
+                                      per_seed=rows[key], **cfg))
+    return records

@@ -1,0 +1,415 @@
+"""Quantization-aware training initialised by post-training calibration (seed 002).
+
+:class:`DeviceModule` evaluates a compiler IR graph (:mod:`host.compiler.ir`) in PyTorch
+the way the device computes it: every matrix product (``Dense``, ``Conv``) quantizes its
+input per native vector and its weights per MRF word with :mod:`host.quant.fakequant`,
+everything else runs on FP16 values (each op's result rounded to FP16). Its trainable
+parameters are the layers' weights and biases (float32, as QAT frameworks keep them) and,
+per ``Dense`` with a static input exponent, seed 002's learned saturation and offset:
+
+* saturation: a real ``log2`` parameter ``t``; the device's exponent is ``round(t)`` (the
+  device scales by powers of two, DECISIONS "Training"); the clip level is
+  ``beta = top * 2**(round(t) - (m - 2))``. Gradients: the input's ``g * 1{|x - m| <
+  beta}`` (straight through inside the range), and ``t``'s seed 002 saturation gradient
+  ``sum g * sign(x - m) * 1{|x - m| >= beta}`` times ``d beta / d t = beta ln 2``
+  (the rounding of ``t`` is passed straight through);
+* offset: where calibration chose seed 002's activation offset ``m``, it is already
+  folded into two biases (the producing layer's ``b - m``, this layer's ``b + W m``), so
+  the quantizer sees ``x - m``; training those biases trains the offset (the gradient
+  that reaches the producing bias through the quantizer is ``g * 1{inside}``, seed
+  002's ``1 - 1{inside}`` for ``m`` being the part the clipped values pass to ``b + W m``).
+
+The weights' block exponents stay those the module started with (calibrated, or the
+max-based rule when there are none) and are re-derived by the max-based rule for blocks
+without a setting. :func:`train_qat` trains it; :meth:`DeviceModule.export` writes the
+trained network as ONNX (``onnx.helper``: Gemm / Conv / ... nodes named after the IR's
+ONNX nodes) and the quantization settings as JSON, which ``npu compile --quant`` applies.
+
+Recurrent layers are not supported here yet (:class:`QatError` names them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from host.quant.fakequant import bfp, fp16
+from host.quant.quantfile import QUANT_VERSION, QatError, apply_quant, load_quant
+from host.spec.config import NpuConfig, parse_config
+from host.spec.formats import E8M0_BIAS, EXP_MAX, EXP_MIN, mantissa_max
+
+__all__ = ["QatError", "DeviceModule", "train_qat", "graph_to_onnx", "load_quant",
+           "apply_quant", "QUANT_VERSION"]
+
+#: The IR ops that quantize (the matrix products) and carry ``attrs["quant"]``.
+_MATRIX_OPS = ("Dense", "Conv")
+
+_ELEMENTWISE = {"Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh,
+                "Exp": torch.exp}
+
+
+class _LearnedInput(torch.autograd.Function):
+    """``Q(x)`` with the static exponent ``round(t)``; seed 002's saturation gradients."""
+
+    @staticmethod
+    def forward(ctx, x, t, n, mbits):
+        e = int(torch.clamp(torch.round(t), EXP_MIN, EXP_MAX))
+        step = 2.0 ** (e - (mbits - 2))
+        q = bfp(x.detach(), n, mbits, exponent=e)
+        inside = x.abs() < (mantissa_max(mbits) + 0.5) * step
+        ctx.save_for_backward(inside, torch.sign(x))
+        ctx.beta = mantissa_max(mbits) * step
+        return q
+
+    @staticmethod
+    def backward(ctx, g):
+        inside, sign = ctx.saved_tensors
+        grad_x = g * inside.to(g.dtype)
+        grad_t = (g * sign * (~inside).to(g.dtype)).sum() * ctx.beta * math.log(2.0)
+        return grad_x, grad_t.reshape(()).to(torch.float64), None, None
+
+
+def _flatten_source(graph, name):
+    """The 4-D tensor a ``Flatten`` / ``View`` chain made ``name`` from, or None."""
+    node = graph.producer(name)
+    while node is not None and node.op in ("Flatten", "View"):
+        src = node.inputs[0]
+        if len(graph.tensors[src].shape) == 4:
+            return src
+        node = graph.producer(src)
+    return None
+
+
+class DeviceModule(torch.nn.Module):
+    """A compiler IR graph as a PyTorch module computing what the device computes (the
+    module docstring). ``graph`` a :class:`host.compiler.ir.Graph` (its ``Dense`` nodes'
+    ``attrs["quant"]`` as :func:`host.quant.ptq.calibrate_graph` sets them, or none);
+    ``config`` the build (NpuConfig, parse_config text or None); ``start`` the input
+    exponents to begin with where a layer has none: ``"dynamic"`` (keep dynamic) or
+    ``"default"`` (static, at the device's power-on ``Q_EXPONENT``, e = 0).
+
+    Raises
+    ------
+    QatError
+        an op it cannot train (recurrent layers), a bad ``start``.
+    """
+
+    def __init__(self, graph, config=None, *, start: str = "dynamic"):
+        super().__init__()
+        if start not in ("dynamic", "default"):
+            raise QatError(f"start must be 'dynamic' or 'default', not {start!r}")
+        self.graph = graph
+        self.config = config if isinstance(config, NpuConfig) else \
+            parse_config(config or "")
+        self.weights = torch.nn.ParameterDict()
+        self.saturation = torch.nn.ParameterDict()
+        self.weight_exponents = {}
+        self.offsets = {}
+        for node in graph.nodes:
+            if node.op in ("LSTM", "GRU", "LastStep"):
+                raise QatError(f"{node.where()}: quantization-aware training of recurrent "
+                               f"layers is not built yet (Dense, Conv and element-wise "
+                               f"graphs are)")
+            key = self._key(node)
+            for i, name in enumerate(node.inputs[1:], 1):
+                if name in graph.initializers:
+                    self.weights[f"{key}__{i}"] = torch.nn.Parameter(
+                        torch.tensor(np.asarray(graph.initializers[name], np.float32)))
+            if node.op not in _MATRIX_OPS:
+                continue
+            quant = node.attrs.get("quant") or {}
+            code = quant.get("input_exponent")
+            if code is None and start == "default":
+                code = E8M0_BIAS
+            if code is not None:
+                self.saturation[key] = torch.nn.Parameter(
+                    torch.tensor(float(code - E8M0_BIAS), dtype=torch.float64))
+            self.offsets[node.name] = quant.get("offset")
+            if quant.get("weight_exponents") is not None:
+                self.weight_exponents[key] = torch.as_tensor(
+                    np.asarray(quant["weight_exponents"]), dtype=torch.int32)
+
+    @staticmethod
+    def _key(node) -> str:
+        return "".join(c if c.isalnum() else "_" for c in node.name)
+
+    # --- forward ---------------------------------------------------------------------
+    def _quant_input(self, node, x, vals):
+        """The device's quantization of a matrix product's input: per native vector,
+        i.e. along the channels of each pixel for a map (also one flattened for Dense)."""
+        cfg, key = self.config, self._key(node)
+        n, mv = cfg.n, cfg.mantissa_bits_v
+        src = _flatten_source(self.graph, node.inputs[0]) if node.op == "Dense" else None
+        if node.op == "Conv" or src is not None:
+            x4 = vals[src] if src is not None else x
+            x = fp16(x4.permute(0, 2, 3, 1))                 # channels last: per pixel
+        else:
+            x = fp16(x)
+        if key in self.saturation:
+            q = _LearnedInput.apply(x, self.saturation[key], n, mv)
+        else:
+            q = bfp(x, n, mv)
+        if node.op == "Conv" or src is not None:
+            q = q.permute(0, 3, 1, 2)
+            return q if node.op == "Conv" else q.reshape(len(q), -1)
+        return q
+
+    def _quant_weight(self, node, w):
+        cfg, key = self.config, self._key(node)
+        exps = self.weight_exponents.get(key)
+        if node.op == "Conv":               # one MRF word per (out, ky, kx, channel block)
+            w4 = w.permute(0, 2, 3, 1)
+            e4 = None if exps is None else exps.reshape(*w4.shape[:3], -1)
+            return bfp(fp16(w4), cfg.n, cfg.mantissa_bits_w, exponent=e4).permute(0, 3, 1, 2)
+        src = _flatten_source(self.graph, node.inputs[0])
+        if src is not None:
+            # A Dense reading a flattened map: its columns are laid out per pixel on the
+            # device (lower.window_matrix), one MRF word per (out, pixel, channel block).
+            c, h, wd = self.graph.tensors[src].shape[1:]
+            w4 = w.reshape(len(w), c, h, wd).permute(0, 2, 3, 1)
+            e4 = None if exps is None else exps.reshape(len(w), h, wd, -1)
+            q = bfp(fp16(w4), cfg.n, cfg.mantissa_bits_w, exponent=e4)
+            return q.permute(0, 3, 1, 2).reshape(w.shape)
+        return bfp(fp16(w), cfg.n, cfg.mantissa_bits_w, exponent=exps)
+
+    def forward(self, x):
+        g = self.graph
+        vals = {g.inputs[0]: x.to(torch.float64)}
+        for node in g.nodes:
+            key = self._key(node)
+            a = vals[node.inputs[0]]
+            params = [self.weights[f"{key}__{i}"].to(torch.float64)
+                      for i in range(1, len(node.inputs)) if f"{key}__{i}" in self.weights]
+            out_shape = [len(a) if d is None else d for d in g.tensors[node.outputs[0]].shape]
+            if node.op == "Dense":
+                xq = self._quant_input(node, a, vals)
+                y = fp16(xq @ self._quant_weight(node, params[0]).T)
+                if len(params) > 1:
+                    y = fp16(y + fp16(params[1]))
+            elif node.op == "Conv":
+                (sh, sw), (top, left, bottom, right) = node.attrs["strides"], node.attrs["pads"]
+                xq = torch.nn.functional.pad(self._quant_input(node, a, vals),
+                                             (left, right, top, bottom))
+                y = fp16(torch.nn.functional.conv2d(xq, self._quant_weight(node, params[0]),
+                                                    stride=(sh, sw)))
+                if len(params) > 1:
+                    y = fp16(y + fp16(params[1]).reshape(1, -1, 1, 1))
+            elif node.op in _ELEMENTWISE:
+                y = fp16(_ELEMENTWISE[node.op](a))
+            elif node.op in ("MaxPool", "AveragePool"):
+                y = fp16(self._pool(node, a))
+            elif node.op in ("Add", "Sub", "Mul"):
+                b = vals[node.inputs[1]]
+                y = fp16(a + b if node.op == "Add" else a - b if node.op == "Sub" else a * b)
+            elif node.op == "Affine":
+                shape = (1, -1) + (1,) * (a.dim() - 2)
+                y = fp16(fp16(a * fp16(params[0]).reshape(shape)) +
+                         fp16(params[1]).reshape(shape))
+            elif node.op == "Clip":
+                lo, hi = node.attrs.get("lo"), node.attrs.get("hi")
+                y = torch.clamp(a, min=lo, max=hi)
+            elif node.op == "LeakyRelu":
+                y = fp16(torch.maximum(a, fp16(a * node.attrs["alpha"])))
+            elif node.op == "Softmax":
+                y = fp16(torch.softmax(a, dim=-1))
+            elif node.op in ("Flatten", "View"):
+                y = a.reshape(out_shape)
+            else:
+                raise QatError(f"{node.where()}: no PyTorch form for IR op {node.op}")
+            vals[node.outputs[0]] = y
+        return vals[g.outputs[0]].to(x.dtype)
+
+    @staticmethod
+    def _pool(node, a):
+        (sh, sw), (top, left, bottom, right) = node.attrs["strides"], node.attrs["pads"]
+        kernel = tuple(node.attrs["kernel"])
+        if node.op == "MaxPool":
+            padded = torch.nn.functional.pad(a, (left, right, top, bottom),
+                                             value=-float("inf"))
+            return torch.nn.functional.max_pool2d(padded, kernel, (sh, sw))
+        padded = torch.nn.functional.pad(a, (left, right, top, bottom))
+        total = torch.nn.functional.avg_pool2d(padded, kernel, (sh, sw)) * \
+            (kernel[0] * kernel[1])
+        if node.attrs.get("count_include_pad", 0):
+            return total / (kernel[0] * kernel[1])
+        ones = torch.nn.functional.pad(torch.ones_like(a[:1, :1]), (left, right, top, bottom))
+        count = torch.nn.functional.avg_pool2d(ones, kernel, (sh, sw)) * \
+            (kernel[0] * kernel[1])
+        return total / count
+
+    # --- results ---------------------------------------------------------------------
+    def settings(self) -> dict:
+        """Per ``Dense`` node name: the quantization settings the device runs
+        (``input_exponent`` an E8M0 code or None, ``weight_exponents`` a list of lists or
+        None, ``offset`` a float or None)."""
+        out = {}
+        for node in self.graph.nodes:
+            if node.op not in _MATRIX_OPS:
+                continue
+            key = self._key(node)
+            code = None
+            if key in self.saturation:
+                e = int(torch.clamp(torch.round(self.saturation[key].detach()),
+                                    EXP_MIN, EXP_MAX))
+                code = e + E8M0_BIAS
+            w = self.weight_exponents.get(key)
+            out[node.name] = {
+                "input_exponent": code,
+                "weight_exponents": None if w is None else w.tolist(),
+                "offset": self.offsets.get(node.name),
+            }
+        return out
+
+    def trained_graph(self):
+        """A copy of the graph with the trained weights (float32) and the settings in
+        each ``Dense``'s ``attrs["quant"]`` (offsets are in the biases already)."""
+        import copy
+        g = copy.copy(self.graph)
+        g.nodes = [copy.copy(nd) for nd in self.graph.nodes]
+        g.initializers = dict(self.graph.initializers)
+        settings = self.settings()
+        for node in g.nodes:
+            node.attrs = dict(node.attrs)
+            node.inputs = list(node.inputs)
+            key = self._key(node)
+            for i in range(1, len(node.inputs)):
+                if f"{key}__{i}" in self.weights:
+                    g.initializers[node.inputs[i]] = \
+                        self.weights[f"{key}__{i}"].detach().numpy().astype(np.float32)
+            if node.op in _MATRIX_OPS:
+                s = dict(settings[node.name])
+                if s["weight_exponents"] is not None:
+                    s["weight_exponents"] = np.asarray(s["weight_exponents"], np.int16)
+                node.attrs["quant"] = s
+        return g
+
+    def export(self, onnx_path, quant_path) -> None:
+        """Write the trained network as ONNX (:func:`graph_to_onnx`) and its quantization
+        settings as JSON (``{"version", "n", "mantissa_bits_v", "mantissa_bits_w",
+        "layers": {Dense node name: settings}}``), which ``npu compile --quant`` applies."""
+        import onnx
+        onnx.save(graph_to_onnx(self.trained_graph()), str(onnx_path))
+        cfg = self.config
+        Path(quant_path).write_text(json.dumps(
+            {"version": QUANT_VERSION, "n": cfg.n, "mantissa_bits_v": cfg.mantissa_bits_v,
+             "mantissa_bits_w": cfg.mantissa_bits_w, "layers": self.settings()}, indent=1))
+
+
+def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs: int = 10,
+              lr: float = 1e-3, batch: int = 32, seed: int = 0, progress=None,
+              wrap=None) -> list:
+    """Train ``module`` (a classifier: its output is the logits) with Adam on
+    cross-entropy; returns the held-out accuracy in percent after each epoch (the first
+    entry is before training). ``progress``: None or a callable given a line per epoch.
+    ``wrap``: None, or a callable that wraps the optimizer (e.g. ``lambda opt:
+    LazyUpdate(opt, block_size=N)`` for seed 003's storage of the weights).
+    """
+    x_train = torch.as_tensor(np.asarray(x_train, np.float32))
+    y_train = torch.as_tensor(np.asarray(y_train, np.int64))
+    x_test = torch.as_tensor(np.asarray(x_test, np.float32))
+    y_test = torch.as_tensor(np.asarray(y_test, np.int64))
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    if wrap is not None:
+        opt = wrap(opt)
+    gen = torch.Generator().manual_seed(seed)
+
+    def accuracy():
+        with torch.no_grad():
+            return float((module(x_test).argmax(-1) == y_test).float().mean()) * 100
+
+    curve = [accuracy()]
+    for epoch in range(epochs):
+        order = torch.randperm(len(x_train), generator=gen)
+        for i in range(0, len(order), batch):
+            rows = order[i:i + batch]
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(module(x_train[rows]), y_train[rows])
+            loss.backward()
+            opt.step()
+        curve.append(accuracy())
+        if progress is not None:
+            progress(f"QAT epoch {epoch + 1}/{epochs}: held-out accuracy {curve[-1]:.1f} %")
+    return curve
+
+
+def graph_to_onnx(graph):
+    """The IR ``graph`` as an ONNX model (opset 18) built with ``onnx.helper``: ``Dense``
+    as ``Gemm`` (``transB = 1``) named after the IR node, so that a quantization file's
+    layer names find their layers again when ``npu compile`` imports it.
+
+    Raises
+    ------
+    QatError
+        an IR op without an ONNX form here (recurrent layers, ``View``).
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    inits, nodes = [], []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    for node in graph.nodes:
+        ins, out = list(node.inputs), node.outputs[0]
+        for name in ins[1:]:
+            if name in graph.initializers and not any(i.name == name for i in inits):
+                const(name, graph.initializers[name])
+        a = node.attrs
+        if node.op == "Dense":
+            nodes.append(helper.make_node("Gemm", ins, [out], node.name, transB=1))
+        elif node.op in ("Relu", "Sigmoid", "Tanh", "Exp", "Add", "Sub", "Mul"):
+            nodes.append(helper.make_node(node.op, ins, [out], node.name))
+        elif node.op == "Softmax":
+            nodes.append(helper.make_node("Softmax", ins, [out], node.name, axis=-1))
+        elif node.op == "Flatten":
+            nodes.append(helper.make_node("Flatten", ins, [out], node.name, axis=1))
+        elif node.op == "Conv":
+            nodes.append(helper.make_node("Conv", ins, [out], node.name,
+                                          strides=list(a["strides"]), pads=_onnx_pads(a)))
+        elif node.op in ("MaxPool", "AveragePool"):
+            extra = {"count_include_pad": int(a.get("count_include_pad", 0))} \
+                if node.op == "AveragePool" else {}
+            nodes.append(helper.make_node(node.op, ins, [out], node.name,
+                                          kernel_shape=list(a["kernel"]),
+                                          strides=list(a["strides"]), pads=_onnx_pads(a),
+                                          **extra))
+        elif node.op == "Affine":
+            rank = len(graph.tensors[ins[0]].shape)
+            shape = (-1,) + (1,) * (rank - 2)
+            scale = const(f"{node.name}.scale", graph.initializers[ins[1]].reshape(shape))
+            shift = const(f"{node.name}.shift", graph.initializers[ins[2]].reshape(shape))
+            nodes.append(helper.make_node("Mul", [ins[0], scale], [f"{out}.scaled"],
+                                          f"{node.name}.mul"))
+            nodes.append(helper.make_node("Add", [f"{out}.scaled", shift], [out], node.name))
+        elif node.op == "Clip":
+            bounds = [const(f"{node.name}.{k}", a[k]) if a.get(k) is not None else ""
+                      for k in ("lo", "hi")]
+            nodes.append(helper.make_node("Clip", [ins[0]] + bounds, [out], node.name))
+        elif node.op == "LeakyRelu":
+            nodes.append(helper.make_node("LeakyRelu", ins, [out], node.name,
+                                          alpha=float(a["alpha"])))
+        else:
+            raise QatError(f"{node.where()}: no ONNX form for IR op {node.op} in the QAT "
+                           f"export")
+
+    def value_info(name):
+        shape = ["batch" if d is None else int(d) for d in graph.tensors[name].shape]
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    model = helper.make_model(
+        helper.make_graph(nodes, "qat", [value_info(graph.inputs[0])],
+                          [value_info(graph.outputs[0])], inits),
+        opset_imports=[helper.make_opsetid("", 18)], producer_name="bfp-npu qat")
+    onnx.checker.check_model(model)
+    return model
+
+
+def _onnx_pads(attrs) -> list:
+    top, left, bottom, right = attrs["pads"]
+    return [top, left, bottom, right]
