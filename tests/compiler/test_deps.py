@@ -19,6 +19,7 @@ import json
 
 import numpy as np
 import pytest
+from program_checks import outcome, same_bits
 
 from host.cli import main
 from host.compiler import programs as P
@@ -268,31 +269,9 @@ def test_builder_access_sets_match_the_model():
 
 # --- reordering ---------------------------------------------------------------------------------
 
-def outcome(prog, words):
-    """Outputs, every vector memory, counters and final registers of ``words`` run with
-    ``prog``'s image and inputs."""
-    cfg = prog.config
-    model = NpuModel(cfg)
-    for space, addr, data in prog.vectors:
-        model.write(space, addr, data)
-    for slot, matrix in prog.matrices:
-        model.write_weights(slot, matrix)
-    model.load_program(words)
-    if prog.inputs is not None and len(prog.inputs):
-        model.push_input(prog.inputs)
-    result = model.run()
-    assert result.ok, result
-    spaces = [Space.IVRF] + [s for m in range(cfg.mfus) for s in (Space.asvrf(m),
-                                                                 Space.mulvrf(m))]
-    mems = {s: model.read(s, 0, cfg.ivrf_depth if s is Space.IVRF else cfg.vrf_depth)
-            for s in spaces}
-    return (model.pop_output(model.output_level), mems, model.counters(), model.registers,
-            result.chains)
-
-
 def same(a, b) -> bool:
-    return (np.array_equal(a[0], b[0]) and all(np.array_equal(a[1][s], b[1][s]) for s in a[1])
-            and a[2:] == b[2:])
+    """Equal outputs, memories, counters, final registers and chains."""
+    return same_bits(a, b) and (a.registers, a.chains) == (b.registers, b.chains)
 
 
 def hand_prog():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from program_checks import outcome, same_bits
 from rnn_onnx import rnn_onnx
 
 from host.compiler import compile_onnx
@@ -23,33 +24,6 @@ from sim.randprog import RANDOM_BUILDS, lstm_weights, random_program
 #: 512 tile slots; the LSTM needs 1024).
 BUILD_256 = "mrf_depth=1024"
 SMALL = parse_config("n=8,tiles=1,mrf_depth=256,program_depth=4096")
-
-
-def outcome(prog, words):
-    """Outputs, every vector memory, counters and registers of ``words`` with ``prog``'s
-    image and inputs, on the model."""
-    cfg = prog.config
-    model = NpuModel(cfg)
-    for space, addr, data in prog.vectors:
-        model.write(space, addr, data)
-    for slot, matrix in prog.matrices:
-        model.write_weights(slot, matrix)
-    model.load_program(words)
-    if prog.inputs is not None and len(prog.inputs):
-        model.push_input(prog.inputs)
-    result = model.run()
-    assert result.ok, result
-    spaces = [Space.IVRF] + [s for m in range(cfg.mfus)
-                             for s in (Space.asvrf(m), Space.mulvrf(m))]
-    mems = {s.name: model.read(s, 0, cfg.ivrf_depth if s is Space.IVRF else cfg.vrf_depth)
-            for s in spaces}
-    return (model.pop_output(model.output_level), mems, model.counters(),
-            result.cycles_predicted)
-
-
-def same_bits(a, b) -> bool:
-    return np.array_equal(a[0], b[0]) and all(np.array_equal(a[1][s], b[1][s])
-                                              for s in a[1]) and a[2] == b[2]
 
 
 def lstm_hand_cycles(cfg, steps, size, rng):
@@ -127,7 +101,7 @@ def test_scheduled_layer_computes_the_same_bits(op, fuse, lbr):
     assert naive.text != scheduled.text
     a, b = outcome(naive, naive.words), outcome(scheduled, scheduled.words)
     assert same_bits(a, b)
-    assert b[3] < a[3], (a[3], b[3])
+    assert b.cycles < a.cycles, (a.cycles, b.cycles)
     # the order it found keeps every edge of the naive program's graph
     graph = dependency_graph(naive)
     order = schedule(naive)
