@@ -54,16 +54,17 @@ define apt_install
 	fi
 endef
 
-.PHONY: help venv iverilog sysdeps sim test soak bench zoo bitstream clean distclean
+.PHONY: help venv iverilog sysdeps sim test soak bench demo zoo bitstream clean distclean
 
 help:
-	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga,torch]')"
+	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga,torch,demo]')"
 	@echo "make iverilog   install Icarus Verilog with apt if it is missing"
 	@echo "make sysdeps    iverilog plus the C++ compiler and Perl that Verilator needs"
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
 	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
 	@echo "make soak       long randomised runs: 1,000 exported random programs against the model"
 	@echo "make bench      run the benchmarks (python -m bench)"
+	@echo "make demo       the model zoo end to end: accuracy table, one model on the simulated board, plots in build/demo"
 	@echo "make zoo        retrain and re-export the model zoo (pip install '.[train]'; python -m zoo.train)"
 	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (N=4, T=1; ARGS='--config ...')"
 	@echo "make clean      remove build products and caches (keeps .venv)"
@@ -82,7 +83,7 @@ $(VENV_PY):
 
 $(STAMP): $(ROOT)/pyproject.toml | $(VENV_PY)
 	$(VENV_PY) -m pip install --upgrade pip
-	$(VENV_PY) -m pip install -e "$(ROOT)[dev,fpga,torch]"
+	$(VENV_PY) -m pip install -e "$(ROOT)[dev,fpga,torch,demo]"
 	touch $@
 
 # --- System tools (apt) -----------------------------------------------------------------
@@ -115,6 +116,11 @@ soak: venv
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)
+
+# The model zoo end to end (bench/demo.py; its plots need the demo extra, which make venv
+# installs).
+demo: venv sysdeps
+	cd $(ROOT) && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(VENV_PY) -m bench.demo $(ARGS)
 
 # The model zoo (zoo/README.md): PyTorch (the train extra, torch pinned to the CPU build on
 # this disk) trains every model and seed and rewrites zoo/<model>/seed<k>/. Not part of
