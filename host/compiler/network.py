@@ -55,7 +55,15 @@ def config_text(config: NpuConfig) -> str:
     return ",".join(items)
 
 
-def _as_config(config) -> NpuConfig:
+def as_config(config) -> NpuConfig:
+    """The build ``config`` names: an :class:`NpuConfig` as is, ``parse_config`` text, or
+    None for the default build.
+
+    Raises
+    ------
+    TypeError
+        another type (naming it); ``ValueError`` from ``parse_config`` for bad text.
+    """
     if config is None:
         return NpuConfig()
     if isinstance(config, NpuConfig):
@@ -227,7 +235,7 @@ def compile_graph(graph, config=None, *, source: str = "") -> Network:
     from host.compiler.image import program_image
     from host.compiler.lower import CompileError, lower
     from host.compiler.programs import Builder
-    cfg = _as_config(config)
+    cfg = as_config(config)
     low = lower(graph, cfg)
     from host.spec.isa import Space
     image = program_image(low.program, per_job_vectors=False)
@@ -287,7 +295,7 @@ def compile_onnx(source, config=None) -> Network:
         bad ``config`` text.
     """
     from host.compiler.onnx_import import import_onnx
-    cfg = _as_config(config)
+    cfg = as_config(config)
     graph = import_onnx(source)
     label = os.fsdecode(source) if isinstance(source, (str, bytes, os.PathLike)) else ""
     return compile_graph(graph, cfg, source=label or graph.name)

@@ -43,6 +43,7 @@ import os
 import numpy as np
 
 from host.compiler.ir import Graph
+from host.compiler.network import as_config
 from host.numerics import bfp
 from host.quant.calibrate import (
     activation_exponent,
@@ -51,7 +52,7 @@ from host.quant.calibrate import (
     scale_until,
     weight_exponents,
 )
-from host.spec.config import NpuConfig, parse_config
+from host.spec.config import NpuConfig
 from host.spec.formats import (
     E8M0_BIAS,
     MVM_EXP_MAX,
@@ -314,17 +315,6 @@ def reference_activations(graph: Graph, data) -> dict:
 
 # --- per-layer settings (seed 002) -------------------------------------------------------------
 
-def _as_config(config) -> NpuConfig:
-    if config is None:
-        return NpuConfig()
-    if isinstance(config, NpuConfig):
-        return config
-    if isinstance(config, str):
-        return parse_config(config)
-    raise TypeError(f"config must be an NpuConfig, parse_config text or None, not "
-                    f"{type(config).__name__}")
-
-
 def _check_method(method) -> str:
     if method not in METHODS:
         raise CalibrationError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
@@ -476,7 +466,7 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse"):
         bad data or method (see :func:`load_calibration`).
     """
     method = _check_method(method)
-    cfg = _as_config(config)
+    cfg = as_config(config)
     ref = data if isinstance(data, dict) else reference_activations(graph, data)
     n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
     g = copy.copy(graph)
@@ -873,7 +863,7 @@ def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
         overflow_threshold = check_int("overflow_threshold", overflow_threshold, 0)
     except (TypeError, ValueError) as exc:
         raise CalibrationError(str(exc)) from None
-    cfg = _as_config(config)
+    cfg = as_config(config)
     graph = import_onnx(source)
     label = os.fsdecode(source) if isinstance(source, (str, bytes, os.PathLike)) else ""
     rows = load_calibration(calibrate, graph)

@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from host.compiler.network import as_config
 from host.quant.fakequant import bfp, fp16
 from host.quant.quantfile import QUANT_VERSION, QatError, apply_quant, load_quant
-from host.spec.config import NpuConfig, parse_config
 from host.spec.formats import E8M0_BIAS, EXP_MAX, EXP_MIN, mantissa_max
 
 __all__ = ["QatError", "DeviceModule", "train_qat", "graph_to_onnx", "load_quant",
@@ -103,8 +103,7 @@ class DeviceModule(torch.nn.Module):
         if start not in ("dynamic", "default"):
             raise QatError(f"start must be 'dynamic' or 'default', not {start!r}")
         self.graph = graph
-        self.config = config if isinstance(config, NpuConfig) else \
-            parse_config(config or "")
+        self.config = as_config(config)
         self.weights = torch.nn.ParameterDict()
         self.saturation = torch.nn.ParameterDict()
         self.weight_exponents = {}

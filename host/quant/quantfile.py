@@ -103,9 +103,9 @@ def compile_quantized(source, config=None, *, quant):
     host.compiler.onnx_import.OnnxImportError, host.compiler.lower.CompileError
         as ``compile_onnx``.
     """
-    from host.compiler.network import _as_config, compile_graph
+    from host.compiler.network import as_config, compile_graph
     from host.compiler.onnx_import import import_onnx
-    cfg = _as_config(config)
+    cfg = as_config(config)
     data = load_quant(quant)
     made = {k: data.get(k) for k in ("n", "mantissa_bits_v", "mantissa_bits_w")}
     build = {k: getattr(cfg, k) for k in made}
