@@ -43,8 +43,11 @@ __all__ = ["LayerComparison", "check_same_network", "compare", "format_compariso
 #: ONNX operators whose output the importer folds into the IR tensor of their one data
 #: input (removed, or folded into the layer before): the IR tensor is then compared with
 #: the last such output.
-_FOLDED_INTO_INPUT = ("Identity", "Dropout", "Add", "Sub", "Mul", "Div", "Flatten",
-                      "Reshape", "BatchNormalization", "Cast")
+_FOLDED_INTO_INPUT = ("Identity", "Dropout", "Flatten", "Reshape", "BatchNormalization",
+                      "Cast")
+#: Arithmetic the importer folds the same way only with a constant other operand (of two
+#: computed tensors, ``Add`` / ``Sub`` / ``Mul`` are IR nodes of their own).
+_FOLDED_WITH_CONSTANT = ("Add", "Sub", "Mul", "Div")
 #: IR ops that move no data: their output is their input, reshaped per batch row.
 _NO_DATA = ("Flatten", "View")
 
@@ -196,6 +199,11 @@ def _onnx_tensors(proto, graph) -> dict:
     for inp in proto.graph.input:
         if inp.name in graph.tensors:
             equiv[inp.name] = inp.name
+    # constants: initializers and what is computed from them alone
+    const = {i.name for i in proto.graph.initializer}
+    for node in proto.graph.node:
+        if all(not i or i in const for i in node.input):
+            const.update(o for o in node.output if o)
     for node in proto.graph.node:
         data = [i for i in node.input if i in equiv]
         for k, o in enumerate(node.output):
@@ -203,7 +211,10 @@ def _onnx_tensors(proto, graph) -> dict:
                 continue
             if o in graph.tensors:
                 equiv[o] = o
-            elif k == 0 and node.op_type in _FOLDED_INTO_INPUT and len(data) == 1:
+            elif k == 0 and len(data) == 1 and (
+                    node.op_type in _FOLDED_INTO_INPUT
+                    or node.op_type in _FOLDED_WITH_CONSTANT
+                    and all(not i or i in const for i in node.input if i != data[0])):
                 equiv[o] = equiv[data[0]]
     found = {}
     for onnx_name, ir_name in equiv.items():       # node order: the last one wins

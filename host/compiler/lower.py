@@ -10,7 +10,10 @@ The rules (``docs/compiler.md`` section 4):
   vectors (its channels, zero padded), pixels row major. A map read through a window
   with padding (``Conv``, pools) is stored with the padding materialised around it (a
   ring of zero pixels; of the lowest FP16 for a ``MaxPool``), so the windowed read is a
-  plain ``v_rd`` with ``WIN_W``, ``WIN_H``, ``WIN_PITCH``.
+  plain ``v_rd`` with ``WIN_W``, ``WIN_H``, ``WIN_PITCH``. An image input arrives, and
+  a map output leaves, as ``H * W`` rows of ``C`` elements (``Lowered.in_map`` /
+  ``out_map``): the runtime moves each batch row between ONNX's channel-major order and
+  these pixels (:func:`host.compiler.network.signature_jobs`).
 * **Stages.** Each layer is a stage of one or more chains: ``Dense`` and ``Conv`` one
   product chain per output row (or one for the whole map when its addresses advance
   evenly), with stride as ``v_rd_inc``; a ``Dense`` after ``Flatten`` of a map is a
@@ -78,6 +81,8 @@ class Lowered:
     in_rows: int = 1            # logical vectors per job (a sequence: its steps; a map:
     out_rows: int = 1           # its pixels), each padded to whole native vectors
     job_vectors: list = field(default_factory=list)   # (Space, addr, data) before each job
+    in_map: tuple = None        # (C, H, W) of an input / output kept as a map of several
+    out_map: tuple = None       # pixels (its rows are pixels: the runtime transposes), or None
 
     @property
     def in_vectors(self) -> int:
@@ -355,16 +360,9 @@ class _Plan:
         windowed = any(nd.op == "Conv" or nd.op in POOLS for nd in self.nodes)
         self.root[self.input] = self.input
         if windowed and len(x.shape) == 4 and x.shape[0] is None:
-            c, h, w = x.shape[1:]
-            if c > 1 and h * w > 1:
-                reader = next(nd for nd in self.nodes if self.input in nd.inputs)
-                raise CompileError(
-                    f"{reader.where()} reads the network's input {self.input!r} of shape "
-                    f"(batch, {c}, {h}, {w}) as an image: the device keeps a map pixel by "
-                    f"pixel (each pixel's {c} channels together), and the runtime sends a "
-                    f"row in ONNX's channel-major order; only images of one channel (or "
-                    f"of one pixel) are taken as network inputs")
-            self.shape[self.input] = self.image(c, h, w)
+            # an image: H * W rows of C elements (the runtime moves each batch row from
+            # ONNX's channel-major order to pixels, signature "input_layout")
+            self.shape[self.input] = self.image(*x.shape[1:])
         else:
             self.shape[self.input] = self.flat(x.features)
         for node in self.nodes:
@@ -402,14 +400,6 @@ class _Plan:
                                            f"differently ({xs} and {ys})")
                 self.shape[out] = xs
         self.output = self.root[g.outputs[0]]
-        ys = self.shape[self.output]
-        if ys.c > 1 and ys.pixels > 1:
-            prod = next(nd for nd in self.nodes if g.outputs[0] in nd.outputs)
-            raise CompileError(f"{prod.where()}: the network's output {g.outputs[0]!r} is a "
-                               f"map of {ys.h} x {ys.w} pixels of {ys.c} channels, which the "
-                               f"device keeps pixel by pixel and ONNX orders channel by "
-                               f"channel; only flat outputs (after Flatten + Gemm, or "
-                               f"global pooling) and one-channel maps are taken")
         # a root read by the rest of the graph: count its readers (views are not readers)
         self.uses: dict[str, int] = {}
         for node in self.nodes:
@@ -1203,11 +1193,11 @@ def lower(graph: Graph, config: NpuConfig) -> Lowered:
     Raises
     ------
     CompileError
-        a graph the lowering does not take (an image input of several channels, a map of
-        several channels as the output, an op on a layout it cannot read); a layer wider
-        than the build's ``max_length`` or ``max_col_tiles``; a memory (MRF, IVRF, a VRF,
-        the queues, program memory) too small; a unary function the build lacks. The
-        message names the layer, and for a memory both sizes.
+        a graph the lowering does not take (an op on a layout it cannot read, such as a
+        Softmax over a map of several pixels); a layer wider than the build's
+        ``max_length`` or ``max_col_tiles``; a memory (MRF, IVRF, a VRF, the queues,
+        program memory) too small; a unary function the build lacks. The message names
+        the layer, and for a memory both sizes.
     """
     try:
         graph.validate()
@@ -1282,5 +1272,9 @@ def _finish(graph: Graph, config: NpuConfig, plan: _Plan, em: _Emitter) -> Lower
             each = "one job's" if runs == 1 else f"one run's (of {runs} per job)"
             raise CompileError(f"{where}: {each} {what} is {count} native vectors, the "
                                f"build has netq_depth {config.netq_depth}")
+    in_map = (xs.c, xs.h, xs.w) if not rnn and xs.pixels > 1 else None
+    rnn_out = bool(rnn) and rnn[-1]["out"] == plan.output
+    out_map = (ys.c, ys.h, ys.w) if not rnn_out and ys.pixels > 1 else None
     return Lowered(program, [em.infos[id(nd)] for nd in graph.nodes], em.ivrf.peak,
-                   in_features, out_features, in_rows, out_rows, em.job_vectors)
+                   in_features, out_features, in_rows, out_rows, em.job_vectors,
+                   in_map, out_map)

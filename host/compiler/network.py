@@ -18,6 +18,13 @@ seq-first recurrent model's ``(seq, batch, features)``). A sequence model's job 
 whole sequence: ``"input_rows"`` (its steps) logical vectors, each padded on its own
 (``"output_rows"`` likewise for every step's output); missing, they are 1. A job's
 output vectors are cut back to ``K`` elements and returned as float32.
+
+An image input ``(batch, C, H, W)`` read through a window, or a map output of several
+pixels, is kept pixel by pixel on the device: the signature then has ``"input_layout":
+"chw"`` and ``"input_map": [C, H, W]`` (``"output_layout"`` / ``"output_map"``), and
+each batch row is transposed from ONNX's channel-major order to ``H * W`` rows of ``C``
+elements, each padded on its own to whole native vectors (and back for the output).
+Without these keys (images compiled before them) rows are taken as they are.
 :func:`signature_jobs` and :func:`signature_outputs` are the one implementation, which
 ``npu run`` uses too.
 """
@@ -77,7 +84,9 @@ def as_config(config) -> NpuConfig:
 def signature_jobs(x, signature: dict, n: int, name: str = "inputs") -> np.ndarray:
     """Float inputs shaped like the model's input (the batch axis where ``input_shape``
     has ``None``) as jobs: uint16 FP16 bits ``(batch, input_vectors, n)``, each of the
-    ``input_rows`` logical vectors of a job padded on its own.
+    ``input_rows`` logical vectors of a job padded on its own; an image with
+    ``"input_layout": "chw"`` is first transposed from ``(C, H, W)`` to ``H * W`` rows of
+    ``C`` elements (the device's pixels).
 
     Raises
     ------
@@ -107,18 +116,43 @@ def signature_jobs(x, signature: dict, n: int, name: str = "inputs") -> np.ndarr
     k = signature["input_vectors"]
     if batch == 0:
         return np.zeros((0, k, n), np.uint16)
-    rows = np.moveaxis(x, axis, 0).reshape(batch, signature.get("input_rows", 1), -1)
+    rows = np.moveaxis(x, axis, 0)
+    c_h_w = _map_layout(signature, "input")
+    if c_h_w is not None:                    # (C, H, W) -> H * W pixels of C elements
+        c, h, w = c_h_w
+        rows = rows.reshape(batch, c, h * w).transpose(0, 2, 1)
+    else:
+        rows = rows.reshape(batch, signature.get("input_rows", 1), -1)
     return native(rows, n, name).reshape(batch, k, n)
+
+
+def _map_layout(signature: dict, side: str):
+    """``(C, H, W)`` of a map ``side`` (``"input"`` / ``"output"``) the device keeps
+    pixel by pixel (``signature[side + "_layout"] == "chw"``), else None (rows as they
+    are)."""
+    layout = signature.get(f"{side}_layout")
+    if layout is None:
+        return None
+    if layout != "chw":
+        raise ValueError(f"the signature's {side}_layout is {layout!r}; this runtime knows "
+                         f"'chw' (ONNX's (C, H, W) rows, pixels on the device)")
+    c, h, w = (int(d) for d in signature[f"{side}_map"])
+    return c, h, w
 
 
 def signature_outputs(results, signature: dict) -> np.ndarray:
     """Jobs' output vectors (uint16 ``(batch, output_vectors, n)``) as float32 values
-    shaped like the model's output (batch first)."""
+    shaped like the model's output (its batch axis where the model has it); a map kept
+    pixel by pixel (``"output_layout": "chw"``) transposed back to ONNX's order."""
     results = np.asarray(results, np.uint16)
     batch = results.shape[0]
     k = signature["output_features"]
     rows = signature.get("output_rows", 1)
-    flat = results.reshape(batch, rows, -1)[:, :, :k // rows]
+    per_row = int(np.prod(results.shape[1:])) // rows           # (also for a batch of 0)
+    flat = results.reshape(batch, rows, per_row)[:, :, :k // rows]
+    c_h_w = _map_layout(signature, "output")
+    if c_h_w is not None:                    # H * W pixels of C elements -> (C, H, W)
+        flat = flat.transpose(0, 2, 1)
     shape = list(signature["output_shape"])
     axis = shape.index(None) if None in shape else 0
     out = flat.view(np.float16).astype(np.float32).reshape(
@@ -275,6 +309,11 @@ def compile_graph(graph, config=None, *, source: str = "") -> Network:
         "input_vectors": image.inputs, "output_vectors": image.job_outputs}
     if low.in_rows != 1 or low.out_rows != 1:
         image.extra["signature"].update(input_rows=low.in_rows, output_rows=low.out_rows)
+    # maps kept pixel by pixel: the runtime transposes each row (signature_jobs)
+    if low.in_map is not None:
+        image.extra["signature"].update(input_layout="chw", input_map=list(low.in_map))
+    if low.out_map is not None:
+        image.extra["signature"].update(output_layout="chw", output_map=list(low.out_map))
     image.extra["report"] = _report(low, cfg, image, source or graph.name, graph)
     return Network(image)
 

@@ -590,8 +590,9 @@ class _Runner:
     def tensor_rows(self, graph: Graph, name: str):
         """``(rows, note)``: the rows of tensor ``name`` on the device (the data for the
         graph's input, through Flatten / View only; else the output of the nodes it
-        depends on, compiled with their current settings), or ``(None, why)`` when the
-        device cannot give it (a map of several channels is no network output)."""
+        depends on, compiled with their current settings; a map comes back in ONNX's
+        order), or ``(None, why)`` when the device cannot give it (the prefix does not
+        compile)."""
         from host.compiler.compare import prefix_graph
         from host.compiler.lower import CompileError
         from host.compiler.network import compile_graph

@@ -74,8 +74,11 @@ def test_conv_is_exact_on_integers(k, stride, pads, hw):
     x = rng.integers(-3, 4, (4, 1, *hw)).astype(np.float32)
     want = conv_ref(conv_ref(x, w1, b1, pads=(1, 1, 1, 1)), w2, strides=(stride, stride),
                     pads=(pads[0], pads[1], pads[2], pads[3]))
-    # a 3-channel map is not an output the device can give in ONNX's order: flatten it
-    # through an identity Gemm (exact on integers), which also checks the permutation
+    # the 3-channel map as the output (transposed back to ONNX's order by the runtime)
+    y = compile_onnx(model, EXACT).run(x)
+    assert np.array_equal(y, want), (k, stride, pads)
+    # and flattened through an identity Gemm (exact on integers), which checks the
+    # Gemm's weight permutation
     feats = int(np.prod(want.shape[1:]))
     model = make_model(nodes + [helper.make_node("Flatten", ["y"], ["f"], name="flat"),
                                 helper.make_node("Gemm", ["f", "eye"], ["z"], name="eye")],
@@ -432,18 +435,18 @@ def test_a_map_too_large_names_layer_memory_and_sizes():
         compile_onnx(cnn(rng, chans=(17, 4)), BUILD + ",max_col_tiles=16")
 
 
-def test_layouts_the_device_cannot_give_are_refused():
+def test_multichannel_images_and_map_outputs_compile():
+    """An RGB image input and a map of several channels as the output (refused before
+    the runtime transposed rows, tests/compiler/test_onnx_maps.py) compile, and the
+    signature records their layout."""
     rng = np.random.default_rng(131)
-    # an RGB image: the runtime sends channel-major rows, the device keeps pixels
-    with pytest.raises(CompileError, match=r"'conv1' \(Conv\).*\(batch, 3, 8, 7\).*one "
-                                           r"channel"):
-        compile_onnx(cnn(rng, c_in=3), BUILD)
-    # a map of several channels as the output
+    net = compile_onnx(cnn(rng, c_in=3), BUILD)
+    assert net.signature["input_layout"] == "chw" and net.signature["input_map"] == [3, 8, 7]
     w = rng.normal(size=(4, 1, 3, 3)).astype(np.float32)
     model = make_model([conv("c", "x", "y", "w")], [init("w", w)], ["B", 1, 5, 5], "y",
                        ["B", 4, 3, 3])
-    with pytest.raises(CompileError, match=r"'c' \(Conv\).*3 x 3 pixels of 4 channels"):
-        compile_onnx(model, BUILD)
+    net = compile_onnx(model, BUILD)
+    assert net.signature["output_layout"] == "chw" and net.signature["output_map"] == [4, 3, 3]
 
 
 def test_batch_norm_is_not_folded_into_a_conv_read_elsewhere():
