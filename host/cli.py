@@ -486,23 +486,13 @@ def main(argv=None) -> int:
     if not args.timeout > 0:
         print(f"npu: error: --timeout must be positive, not {args.timeout}", file=sys.stderr)
         return EXIT_USAGE
-    if args.command in ("compile", "report"):
+    if args.command in ("compile", "report", "compare"):    # no device, or their own
         try:
-            (_compile if args.command == "compile" else _report)(args)
+            {"compile": _compile, "report": _report, "compare": _compare}[args.command](args)
         except _UsageError as exc:
             print(f"npu: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        except (DeviceError, TransportError) as exc:     # compile --calibrate's device
-            print(f"npu: device error: {exc}", file=sys.stderr)
-            return EXIT_DEVICE
-        return EXIT_OK
-    if args.command == "compare":
-        try:
-            _compare(args)
-        except _UsageError as exc:
-            print(f"npu: error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except (DeviceError, TransportError) as exc:
+        except (DeviceError, TransportError) as exc:     # --calibrate's or compare's device
             print(f"npu: device error: {exc}", file=sys.stderr)
             return EXIT_DEVICE
         return EXIT_OK
