@@ -14,20 +14,41 @@ modules without a ``run`` function (helpers such as ``bench.fpga``) are not benc
 (a JSON list of records). Records of benchmarks not run this time are kept in that file;
 those of the benchmarks that ran replace their earlier ones (each record's config carries
 the benchmark's name under ``"bench"``).
+
+A benchmark that cannot measure anything this time (``bench/board.py`` with no board
+build and ``--no-build``) raises :class:`Skipped` with the reason: it is reported as
+skipped, not failed, and its earlier records stay in ``results.json``.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import pkgutil
 import time
 from pathlib import Path
 
-__all__ = ["RESULTS", "available", "load", "record", "best_time", "run_benchmarks",
-           "format_table", "merge_results", "write_results"]
+__all__ = ["RESULTS", "NO_BUILD", "Skipped", "available", "load", "record", "best_time",
+           "run_benchmarks", "no_build", "format_table", "merge_results", "write_results"]
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
+
+
+#: Environment variable that ``python -m bench --no-build`` sets: benchmarks that would
+#: run a long build (``bench/board.py``: the 30-minute board build) use an existing one
+#: or skip themselves instead.
+NO_BUILD = "BENCH_NO_BUILD"
+
+
+class Skipped(Exception):
+    """Raised by a benchmark's ``run`` that has nothing to measure this time; the message
+    says why."""
+
+
+def no_build(environ=os.environ) -> bool:
+    """Whether long builds are off (:data:`NO_BUILD` set to 1, yes, on or true)."""
+    return environ.get(NO_BUILD, "").strip().lower() in ("1", "yes", "on", "true")
 
 
 def available() -> dict[str, str]:
@@ -82,12 +103,18 @@ def best_time(fn, repeats: int = 5, warmup: int = 1) -> float:
     return best
 
 
-def run_benchmarks(names) -> tuple[list[dict], dict[str, str]]:
-    """Run the named benchmarks; returns their records and the errors of those that failed."""
+def run_benchmarks(names, skipped=None) -> tuple[list[dict], dict[str, str]]:
+    """Run the named benchmarks; returns their records and the errors of those that failed.
+    The reasons of those that skipped themselves (:class:`Skipped`) go into ``skipped``
+    (a dict) when one is given."""
     records, errors = [], {}
     for name in names:
         try:
             got = load(name)()
+        except Skipped as exc:
+            if skipped is not None:
+                skipped[name] = str(exc)
+            continue
         except Exception as exc:            # one broken benchmark must not hide the others
             errors[name] = f"{type(exc).__name__}: {exc}"
             continue

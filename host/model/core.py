@@ -831,7 +831,10 @@ class NpuModel:
         static = regs[Reg.Q_EXPONENT] if regs[Reg.Q_STATIC] else None
         res = mvm(x.reshape(-1), codes_w, qw, n=n, mantissa_bits_v=cfg.mantissa_bits_v,
                   mantissa_bits_w=cfg.mantissa_bits_w, rounding=Rounding(regs[Reg.ROUNDING]),
-                  static_exponent_code=static, narrow_width=regs[Reg.NARROW],
+                  static_exponent_code=static,
+                  # A build without the check (MvmConfig.narrow_check) still takes NARROW
+                  # (the register is checked as on every build) but counts nothing.
+                  narrow_width=regs[Reg.NARROW] if cfg.narrow_check else None,
                   accumulators=False)
         self._count("vector_saturations", res.vector_saturated)
         self._count("vector_nonfinite", res.vector_nonfinite)

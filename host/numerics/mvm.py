@@ -331,7 +331,7 @@ def _matrix_shape(x_bits, codes_w, qw, n: int) -> tuple[int, int, int]:
 
 def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
               rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
-              narrow_width: int = 64) -> MvmResult:
+              narrow_width: int | None = 64) -> MvmResult:
     """Reference matrix-vector product of the NPU's MVM: the executable definition.
 
     Every step in Python integers (:func:`accumulate_exact`, :func:`fixed_to_fp16_exact`,
@@ -346,12 +346,17 @@ def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bit
         its rows in blocks of ``n`` (``host.numerics.bfp.quantize`` or the matrix quantizer).
     n : native dimension; the vector is zero padded to ``C * n`` and quantized per
         native vector with the given rounding and static exponent.
+    narrow_width : int 1..64 or None
+        ``k`` of the narrow-accumulator check; None: a build without the check
+        (``MvmConfig.narrow_check`` False), every narrow count 0.
 
     Returns
     -------
     MvmResult
     """
     x_bits = np.asarray(x_bits, np.uint16)
+    if narrow_width is not None:
+        check_int("k", narrow_width, 1, 64)
     rows, width, c = _matrix_shape(x_bits, codes_w, qw, n)
     xv = bfp.split_vector(np.pad(x_bits, (0, width - x_bits.shape[-1])), n)
     qb = quantize_fp16(xv, mantissa_bits_v, rounding, static_exponent_code)
@@ -364,7 +369,8 @@ def mvm_exact(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bit
     return MvmResult(
         out_bits=out, accumulators=acc, lsb=lsb,
         vector_saturated=int(qb.saturated.sum()), vector_nonfinite=int(qb.nonfinite.sum()),
-        narrow=narrow_overflows_exact(qb.mantissas, qw3, exps, lsb, narrow_width),
+        narrow=(NarrowCounts(0, 0, 0) if narrow_width is None
+                else narrow_overflows_exact(qb.mantissas, qw3, exps, lsb, narrow_width)),
         output_saturated=int(over.sum()),
     )
 
@@ -751,7 +757,7 @@ def _stack_results(results, batch) -> MvmResult:
 
 def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
         rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
-        narrow_width: int = 64, accumulators: bool = True) -> MvmResult:
+        narrow_width: int | None = 64, accumulators: bool = True) -> MvmResult:
     """Matrix-vector product of the NPU's MVM, bit-exact (the fast form of
     :func:`mvm_exact`, equal to it in every output, accumulator and count).
 
@@ -765,6 +771,9 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         its rows in blocks of ``n`` (``host.numerics.bfp.quantize`` or the matrix quantizer).
     n : native dimension; the vector is zero padded to ``C * n`` and quantized per
         native vector with the given rounding and static exponent.
+    narrow_width : int 1..64 or None
+        ``k`` of the narrow-accumulator check; None: a build without the check
+        (``MvmConfig.narrow_check`` False), every narrow count 0 (and none computed).
     accumulators : bool
         False leaves ``MvmResult.accumulators`` None: the exact BFP-long values are
         Python integers, costly to build, and the device's outputs and counts do not
@@ -782,7 +791,7 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         raise ValueError("x_bits must have at least one axis")
     qw = np.asarray(qw)
     rows, width, c = _matrix_shape(x_bits, codes_w, qw, n)
-    k = check_int("k", narrow_width, 1, 64)
+    k = None if narrow_width is None else check_int("k", narrow_width, 1, 64)
     batch = x_bits.shape[:-1]
     xv = np.zeros((int(np.prod(batch)), c * n), np.uint16)
     xv[:, :x_bits.shape[-1]] = x_bits.reshape(-1, x_bits.shape[-1])
@@ -817,8 +826,11 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         out[fast], over[fast] = _i64_to_fp16(a[fast], lsb + s[fast], False, True)
         out[slow], over[slow] = fixed_to_fp16_exact(acc[slow], lsb, Rounding.NEAREST_EVEN,
                                                     saturate=True)
-    products, tree = _tree_counts(qb.mantissas, qw3, k)
-    cross = _cross_counts(terms, s, fast, nz, d, sh, k).sum(-1)
+    if k is None:                        # no check built: nothing to count
+        products = tree = cross = np.zeros(len(d), np.int64)
+    else:
+        products, tree = _tree_counts(qb.mantissas, qw3, k)
+        cross = _cross_counts(terms, s, fast, nz, d, sh, k).sum(-1)
     if batch == ():
         return MvmResult(
             out_bits=out[0], accumulators=acc[0] if accumulators else None, lsb=lsb,

@@ -14,7 +14,16 @@ from host.spec.formats import (
     check_int,
 )
 
-__all__ = ["MvmConfig", "NpuConfig"]
+__all__ = ["MvmConfig", "NpuConfig", "check_bool"]
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` if it is a ``bool``; else raise ``TypeError`` naming ``name`` and
+    the value (an integer 0 or 1 is refused too: a build option is said as True or False,
+    and :func:`parse_config` takes its text forms)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
 
 
 def _clog2(value: int) -> int:
@@ -42,11 +51,20 @@ class MvmConfig:
         buffer and the BFP-long accumulator.
     counter_bits : int
         Width of every saturating event counter, 1 to 64.
+    narrow_check : bool
+        Build the narrow-accumulator check (``docs/numerics.md`` section 5): the fit
+        tests of every product, adder-tree node and cross-tile sum against the run-time
+        width ``k`` and their counter ``narrow_events``. ``False`` leaves that logic out
+        (31 % of the MVM's LUT4 sites at N = 16, T = 2, ``docs/mvm.md`` section 12): outputs,
+        cycles, ports and the other counters are unchanged, the register ``NARROW``
+        (``k``) still takes 1..64 and is checked as before, and ``narrow_events`` reads 0.
+        Range scaling (``host.quant``) needs the check and refuses a build without it.
 
     Raises
     ------
     TypeError, ValueError
-        naming the parameter and the value when it is not an integer in range.
+        naming the parameter and the value when it is not an integer in range (not a
+        bool, for ``narrow_check``).
     """
     n: int = 16
     tiles: int = 2
@@ -55,6 +73,7 @@ class MvmConfig:
     mrf_depth: int = 512
     max_col_tiles: int = 64
     counter_bits: int = 32
+    narrow_check: bool = True
 
     def __post_init__(self):
         check_int("n", self.n, 4, 64)
@@ -66,6 +85,7 @@ class MvmConfig:
         check_int("mrf_depth", self.mrf_depth, 1, 65536)
         check_int("max_col_tiles", self.max_col_tiles, 1, 4096)
         check_int("counter_bits", self.counter_bits, 1, 64)
+        check_bool("narrow_check", self.narrow_check)
 
     # --- derived widths -------------------------------------------------------------------
 
@@ -171,7 +191,8 @@ class NpuConfig(MvmConfig):
 
     Parameters
     ----------
-    n, tiles, mantissa_bits_v, mantissa_bits_w, mrf_depth, max_col_tiles, counter_bits
+    n, tiles, mantissa_bits_v, mantissa_bits_w, mrf_depth, max_col_tiles, counter_bits,
+    narrow_check
         As :class:`MvmConfig` (validated by it).
     mfus : int
         Multifunction units, 2 to 4 (``mfus``, ``vrf_depth``, ``max_length`` and
@@ -241,7 +262,8 @@ class NpuConfig(MvmConfig):
 
     def to_dict(self) -> dict:
         """The build's fields by name, in field order, unary ops as a list of their
-        lower-case names: what INFO, network images and JSON carry."""
+        lower-case names, ``narrow_check`` as a bool: what network images and JSON carry
+        (INFO carries the same fields as integers, ``host.spec.protocol``)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["unary_ops"] = [op.name.lower() for op in self.unary_ops]
         return values
@@ -285,14 +307,22 @@ def preset(name: str) -> NpuConfig:
     return NpuConfig(**PRESETS[name])
 
 
+#: The build options (bool fields) and the text forms :func:`parse_config` takes for them.
+_BOOL_FIELDS = ("narrow_check",)
+_BOOL_TEXT = {"1": True, "0": False, "true": True, "false": False, "on": True,
+              "off": False, "yes": True, "no": False}
+
+
 def parse_config(text: str, base: str = "default") -> NpuConfig:
     """A build from its text form, the one parser of every command that takes a build.
 
     ``text`` is a comma-separated list: optionally first a preset name (a key of
     :data:`PRESETS`, default ``base``), then ``KEY=VALUE`` items that replace fields of
     that preset. Integer fields take decimal or ``0x`` values; ``unary_ops`` takes op names
-    joined by ``+`` (``unary_ops=relu+sigmoid``). Examples: ``""`` (the ``base`` preset),
-    ``"ulx3s"``, ``"n=8,tiles=1"``, ``"ulx3s,mrf_depth=1024"``.
+    joined by ``+`` (``unary_ops=relu+sigmoid``); the option ``narrow_check`` takes
+    ``1``/``0``, ``true``/``false``, ``on``/``off`` or ``yes``/``no`` (any case). Examples:
+    ``""`` (the ``base`` preset), ``"ulx3s"``, ``"n=8,tiles=1"``,
+    ``"ulx3s,mrf_depth=1024"``, ``"ulx3s,narrow_check=off"``.
 
     Raises
     ------
@@ -323,6 +353,13 @@ def parse_config(text: str, base: str = "default") -> NpuConfig:
                 fields_[key] = parse_ops([op for op in value.split("+") if op])
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"unary_ops={value!r}: {exc}") from None
+            continue
+        if key in _BOOL_FIELDS:
+            flag = _BOOL_TEXT.get(value.lower())
+            if flag is None:
+                raise ValueError(f"{key} must be one of {', '.join(_BOOL_TEXT)}, not "
+                                 f"{value!r}")
+            fields_[key] = flag
             continue
         try:
             fields_[key] = int(value, 0)

@@ -56,6 +56,7 @@ __all__ = [
     "program_to_bytes", "bytes_to_program", "pack_pop", "unpack_pop", "pack_status",
     "unpack_status",
     "pack_entries", "unpack_entries", "pack_info", "unpack_info", "CONFIG_FIELDS",
+    "OPTION_FIELDS",
     "config_entries", "config_from_entries", "space_depth", "word_bytes",
 ]
 
@@ -600,22 +601,29 @@ def unpack_info(body: bytes) -> dict[str, int]:
 # --- build parameters and memory geometry -------------------------------------------------
 
 #: The ``NpuConfig`` fields INFO reports, in this order; ``unary_ops`` goes as a bit mask
-#: (bit ``op.value`` set for each op built).
+#: (bit ``op.value`` set for each op built), the options (:data:`OPTION_FIELDS`) as 1 or 0.
 CONFIG_FIELDS = ("n", "tiles", "mantissa_bits_v", "mantissa_bits_w", "mrf_depth",
                  "max_col_tiles", "counter_bits", "mfus", "ivrf_depth", "vrf_depth",
-                 "netq_depth", "program_depth", "max_length", "unary_ops")
+                 "netq_depth", "program_depth", "max_length", "unary_ops", "narrow_check")
+
+#: The build options among :data:`CONFIG_FIELDS` and what a device whose INFO lacks one
+#: has: a device built before the option existed had the logic it switches off
+#: (``narrow_check``: the narrow-accumulator check, ``host.spec.config.MvmConfig``).
+OPTION_FIELDS = {"narrow_check": True}
 
 
 def config_entries(config) -> dict[str, int]:
-    """INFO entries of an ``NpuConfig``: :data:`CONFIG_FIELDS`, ``unary_ops`` as a mask."""
-    out = {name: getattr(config, name) for name in CONFIG_FIELDS if name != "unary_ops"}
+    """INFO entries of an ``NpuConfig``: :data:`CONFIG_FIELDS`, ``unary_ops`` as a mask,
+    options as 1 (built) or 0 (left out)."""
+    out = {name: int(getattr(config, name)) for name in CONFIG_FIELDS if name != "unary_ops"}
     out["unary_ops"] = sum(1 << op.value for op in config.unary_ops)
-    return out
+    return {name: out[name] for name in CONFIG_FIELDS}
 
 
 def build_info(config) -> dict:
     """What a device of build ``config`` (an ``NpuConfig``) says about itself: every
-    ``NpuConfig`` field (``unary_ops`` as a list of names), then the derived sizes
+    ``NpuConfig`` field (``unary_ops`` as a list of names, options such as
+    ``narrow_check`` as bools), then the derived sizes
     ``mrf_words``, ``weight_block_bits``, ``macs_per_cycle`` and ``word_bits`` (the
     instruction width). The reference model's ``info()`` and the gateware's INFO reply
     are both made from it."""
@@ -637,21 +645,32 @@ def info_entries(config) -> dict[str, int]:
 
 
 def config_from_entries(entries: dict[str, int]):
-    """The ``NpuConfig`` an INFO reply describes (other entries are ignored).
+    """The ``NpuConfig`` an INFO reply describes (other entries are ignored). An option
+    the reply does not name takes its :data:`OPTION_FIELDS` value.
 
     Raises
     ------
     ValueError
-        naming the missing fields, or the field the config refuses.
+        naming the missing fields, an option that is not 0 or 1, or the field the config
+        refuses.
     """
     from host.spec.config import NpuConfig
     from host.spec.ops import UnaryOp
-    missing = [name for name in CONFIG_FIELDS if name not in entries]
+    missing = [name for name in CONFIG_FIELDS
+               if name not in entries and name not in OPTION_FIELDS]
     if missing:
         raise ValueError(f"INFO lacks the build parameters {', '.join(missing)}")
-    fields = {name: entries[name] for name in CONFIG_FIELDS}
+    fields = {name: entries[name] for name in CONFIG_FIELDS if name in entries}
     fields["unary_ops"] = tuple(op for op in UnaryOp if fields["unary_ops"] >> op.value & 1)
-    return NpuConfig(**fields)
+    for name, default in OPTION_FIELDS.items():
+        value = fields.get(name, int(default))
+        if value not in (0, 1):
+            raise ValueError(f"INFO entry {name} must be 0 or 1, not {value!r}")
+        fields[name] = bool(value)
+    try:
+        return NpuConfig(**fields)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def space_depth(config, space: int) -> int | None:

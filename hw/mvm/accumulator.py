@@ -78,6 +78,9 @@ class BfpAccumulator(wiring.Component):
     decode have none: ``valid`` and the check bits qualify them, and ``first`` starts
     every row block from 0.
 
+    Without the check (``config.narrow_check`` False) steps 1 to 3 are as above, step 4
+    is not built: ``k`` is unused and ``narrow`` is always 0.
+
     Parameters
     ----------
     config : MvmConfig
@@ -175,6 +178,10 @@ class BfpAccumulator(wiring.Component):
                     out[k] = pipe(v, f"{k}_{suffix}", control=True)
             return out
 
+        # Without the narrow check (MvmConfig.narrow_check) nothing of the check is made:
+        # no non-zero test, no p, no decode, no flags, no count; `narrow` stays 0.
+        narrow_check = c.narrow_check
+
         # --- stage 1: fine shift, clamp flag, non-zero test, p -------------------------
         # The clamp (shift < -lead) is only registered here and applied in stage 2, so
         # that no comparator's carry chain is in front of the fine shifter: the fine
@@ -191,8 +198,9 @@ class BfpAccumulator(wiring.Component):
                 coarse[t, i] = pipe(amount[_FINE_SHIFT_BITS:], f"coarse_s1_{t}_{i}")
                 clamped[t, i] = pipe(s < -lead, f"clamped_s1_{t}_{i}")
                 negative[t, i] = pipe(d[-1], f"negative_s1_{t}_{i}")
-                nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}")
-                p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape)
+                if narrow_check:
+                    nz[t, i] = pipe(d != 0, f"nonzero_s1_{t}_{i}")
+                    p[t, i] = pipe(self.k - 1 + s, f"p_s1_{t}_{i}", p_shape)
         side = {
             "valid": pipe(self.valid, "valid_s1", control=True),
             "first": pipe(self.first, "first_s1", control=True),
@@ -212,6 +220,8 @@ class BfpAccumulator(wiring.Component):
                 terms[t, i] = pipe(Mux(clamped[t, i], negative[t, i].replicate(c.acc_bits),
                                        wide[lead:]).as_signed(),
                                    f"term_s2_{t}_{i}", signed(c.acc_bits))
+                if not narrow_check:
+                    continue
                 nz[t, i] = pipe(nz[t, i], f"nonzero_s2_{t}_{i}")
                 # Clamp p to 0..acc_bits-1 (p < 0 kept as a flag): the mask of places >= p
                 # is then a 7-bit thermometer decode.
@@ -234,6 +244,8 @@ class BfpAccumulator(wiring.Component):
                     else:
                         value = q[t, i]
                     nq[t, i] = pipe(value, f"prefix_l{level}_{t}_{i}", signed(c.acc_bits))
+                    if not narrow_check:
+                        continue
                     nz[t, i] = pipe(nz[t, i], f"nonzero_l{level}_{t}_{i}")
                     p[t, i] = pipe(p[t, i], f"p_l{level}_{t}_{i}")
                     pneg[t, i] = pipe(pneg[t, i], f"p_negative_l{level}_{t}_{i}")
@@ -252,6 +264,8 @@ class BfpAccumulator(wiring.Component):
             with m.If(valid[i]):
                 for t in range(tiles):
                     m.d.sync += acc[t, i].eq(base + q[t, i])
+            if not narrow_check:
+                continue
             for t in range(tiles):
                 # Tile c = g*T + t exists, is not c = 0, and has a non-zero product.
                 is_c0 = first[i] if t == 0 else Const(0, 1)
@@ -265,6 +279,8 @@ class BfpAccumulator(wiring.Component):
                 pneg_loop[t, i] = pipe(pneg[t, i], f"p_negative_loop_{t}_{i}")
         m.d.sync += self.result_valid.eq(valid[0] & last)
         m.d.comb += [self.result[i].eq(acc[tiles - 1, i]) for i in range(n)]
+        if not narrow_check:
+            return m
 
         # --- check: -2**p <= S < 2**p, in two register stages --------------------------
         # Stage 1, per group of places: any bit of S ^ sign in the group if the group is

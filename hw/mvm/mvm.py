@@ -192,7 +192,9 @@ class Mvm(wiring.Component):
         MRF read-back.
     vector_saturations, vector_nonfinite, weight_saturations, weight_nonfinite,
     narrow_events, output_saturations : ``Out(counter_bits)``
-        Saturating event counters (``docs/numerics.md`` section 5).
+        Saturating event counters (``docs/numerics.md`` section 5). In a build without
+        the narrow check (``config.narrow_check`` False) ``narrow_events`` is always 0;
+        commands still carry ``narrow_width`` and one outside 1..64 is still rejected.
     clear : ``In(1)``
         Zeroes every counter (wins over events in the same cycle).
     error : ``Out(1)``
@@ -398,12 +400,13 @@ class Mvm(wiring.Component):
                       | (kk == 0) | (kk > NARROW_WIDTH_MAX)
                       | (f1.static & (f1.static_exponent > MAX_EXPONENT_CODE)))
         groups = (((cc + (tiles - 1)) * mul) >> shift)[:g2.shape().width]
+        # The narrow width k is checked on every build (the command field exists and a
+        # bad one is an error either way); the thermometer is made only with the check.
+        narrow_check = c.narrow_check
         with m.If(advance_v):
-            m.d.sync += [
-                err2.eq(bad_fields),
-                g2.eq(groups),
-                therm2.eq(fit_thermometer(kk, c.dot_bits - 1)),
-            ]
+            m.d.sync += [err2.eq(bad_fields), g2.eq(groups)]
+            if narrow_check:
+                m.d.sync += therm2.eq(fit_thermometer(kk, c.dot_bits - 1))
         # V2: R*G slots (registered twice: V3 and V4), and which engines the last group
         # uses (C - (G-1)*T of them). On an ECP5 the product is a MULT18X18D with its own
         # registers (they stand for R and G in V2 and for R*G in V3); used without them
@@ -419,10 +422,11 @@ class Mvm(wiring.Component):
             with m.If(advance_v):
                 m.d.sync += rg3.eq(f2.row_tiles * g2)
         with m.If(advance_v):
+            if narrow_check:
+                m.d.sync += therm3.eq(therm2)
             m.d.sync += [
                 err3.eq(err2),
                 g3.eq(g2),
-                therm3.eq(therm2),
                 lastmask3.eq(Cat(*[last_count > t for t in range(tiles)])),
                 # The room V3 compares R*G with (slots base .. base + R*G - 1 exist iff
                 # R*G <= mrf_depth - base), so that V3 is one comparison after the
@@ -431,10 +435,11 @@ class Mvm(wiring.Component):
             ]
         # V3: the slots exist.
         with m.If(advance_v):
+            if narrow_check:
+                m.d.sync += therm4.eq(therm3)
             m.d.sync += [
                 err4.eq(err3 | (rg3 > room3)),
                 g4.eq(g3),
-                therm4.eq(therm3),
                 rg4.eq(rg3),
                 lastmask4.eq(lastmask3),
             ]
@@ -442,24 +447,27 @@ class Mvm(wiring.Component):
         m.d.comb += v4_go.eq(v4 & (err4 | loader_free))
         error_set.append(v4_go & err4)
 
-        # Parameters the compute sequencer needs, travelling loader -> writer -> half.
-        params_layout = data.StructLayout({
+        # Parameters the compute sequencer needs, travelling loader -> writer -> half
+        # (k and its thermometer only with the narrow check).
+        params_fields = {
             "base": unsigned(TileEngine.slot_bits(c)),
             "last_step": range(max(2, c.mrf_depth)),          # R*G - 1
             "last_group": range(max(2, gmax)),
             "lastmask": unsigned(tiles),
-            "k": unsigned(NARROW_WIDTH_BITS),
-            "therm": unsigned(c.dot_bits - 1),
-        })
+        }
+        if narrow_check:
+            params_fields.update(k=unsigned(NARROW_WIDTH_BITS),
+                                 therm=unsigned(c.dot_bits - 1))
+        params_layout = data.StructLayout(params_fields)
         v4_params = Signal(params_layout, name="cmd_params_v4")
         m.d.comb += [
             v4_params.base.eq(f4.base),
             v4_params.last_step.eq(rg4 - 1),
             v4_params.last_group.eq(g4 - 1),
             v4_params.lastmask.eq(lastmask4),
-            v4_params.k.eq(f4.narrow_width),
-            v4_params.therm.eq(therm4),
         ]
+        if narrow_check:
+            m.d.comb += [v4_params.k.eq(f4.narrow_width), v4_params.therm.eq(therm4)]
 
         # ================================================================================
         # Loader: feeds each command's C vectors into the vector quantizer, tagging each
@@ -652,15 +660,18 @@ class Mvm(wiring.Component):
                 e.rd_addr.eq(Mux(s_valid, s_slot, rb_addr.slot)),
                 e.vrd_addr.eq(Cat(s_group[:half_bits], s_half)),
                 e.enable.eq(fire & enables[t]),
-                e.therm.eq(s_params.therm),
                 # A read-back keeps only its own word (engine, row) in the word registers.
                 e.rb_clear.eq(rb[0].replicate(n) & ~Mux(
                     rb_addr.engine == t, Const(1, n) << rb_addr.row, 0)),
             ]
 
-        # Side information of each group, delayed to meet its tile products.
+        if narrow_check:
+            m.d.comb += [e.therm.eq(s_params.therm) for e in engines]
+
+        # Side information of each group, delayed to meet its tile products (k only
+        # with the narrow check).
         side = Cat(fire, s_group == 0, last_group, fire.replicate(tiles) & enables,
-                   s_params.k)
+                   *([s_params.k] if narrow_check else []))
         for j in range(TileEngine.dot_latency_of(c)):
             r = Signal(len(side), name=f"group_side_d{j + 1}")
             m.d.sync += r.eq(side)
@@ -670,8 +681,9 @@ class Mvm(wiring.Component):
             acc.first.eq(side[1]),
             acc.last.eq(side[2]),
             acc.engines.eq(side[3:3 + tiles]),
-            acc.k.eq(side[3 + tiles:]),
         ]
+        if narrow_check:
+            m.d.comb += acc.k.eq(side[3 + tiles:])
         for t, e in enumerate(engines):
             m.d.comb += [acc.dot[t].eq(e.dot), acc.shift[t].eq(e.shift)]
 
@@ -836,10 +848,12 @@ class Mvm(wiring.Component):
                 # cmax is all ones: the sum is past it iff a bit above it is set.
                 m.d.sync += counter.eq(Mux(total[cb:].any(), cmax, total))
 
-        narrow_total = Signal(range(tiles * n * (2 * n - 1) + n * tiles + 1),
-                              name="narrow_total")
-        m.d.sync += narrow_total.eq(sum(e.narrow for e in engines) + acc.narrow)
-        saturating(self.narrow_events, narrow_total)
+        if narrow_check:
+            narrow_total = Signal(range(tiles * n * (2 * n - 1) + n * tiles + 1),
+                                  name="narrow_total")
+            m.d.sync += narrow_total.eq(sum(e.narrow for e in engines) + acc.narrow)
+            saturating(self.narrow_events, narrow_total)
+        # else: no counter; narrow_events is never driven and reads 0.
         conv_taken = conv.o_stream.valid & conv.o_stream.ready
         # The popcount is registered before the add: in one cycle, the converter's flags
         # (placed beside its lanes), their popcount and the counter's add were the routed

@@ -197,6 +197,10 @@ class DotProductEngine(wiring.Component):
     section 11). Without an ECP5 these lanes are in the fabric and
     ``weights_next``/``vector_next`` are unused.
 
+    **Without the check.** With ``config.narrow_check`` False the engine has no fit
+    test, thermometer register or count: ``therm`` is unused and ``narrow`` is always 0
+    (``dot``, ``shift`` and their latency are unchanged).
+
     **Products from outside.** Or the products of lanes ``0 .. outer_lanes - 1`` are
     not formed here: the caller gives them in ``lane_products``, in the cycle this
     engine's own product registers take theirs (one cycle after the blocks).
@@ -348,17 +352,26 @@ class DotProductEngine(wiring.Component):
             values.append(p2)
         shift = Signal(shift_shape(c), name="shift_s1", reset_less=True)
         m.d.sync += shift.eq(self.vector.exponent + self.weights.exponent - shift_offset(c))
-        # The thermometer is the same in every engine, and Yosys merged these registers
-        # across all of them: one register then drove the fit tests of engines across
-        # the die (the routed critical path of the T = 2 build at seed 3, docs/mvm.md
-        # section 11). Kept, each engine has its own beside its tests.
-        keep = {"keep": 1}
-        therm = Signal(c.dot_bits - 1, name="therm_s1", attrs=keep)
-        m.d.sync += therm.eq(self.therm)
         shift2 = Signal(shift_shape(c), name="shift_s2", reset_less=True)
-        therm2 = Signal(c.dot_bits - 1, name="therm_s2", attrs=keep)
-        m.d.sync += [shift2.eq(shift), therm2.eq(therm)]
-        shift, therm = shift2, therm2
+        m.d.sync += shift2.eq(shift)
+        shift = shift2
+        # Without the narrow check (MvmConfig.narrow_check) there is no thermometer, no
+        # fit test and no count: `narrow` is 0. The registers below are kept
+        # (attrs), so they must not be made at all, or synthesis would keep them.
+        narrow_check = c.narrow_check
+        keep = {"keep": 1}
+        therm = None
+        if narrow_check:
+            # The thermometer is the same in every engine, and Yosys merged these
+            # registers across all of them: one register then drove the fit tests of
+            # engines across the die (the routed critical path of the T = 2 build at
+            # seed 3, docs/mvm.md section 11). Kept, each engine has its own beside its
+            # tests.
+            therm = Signal(c.dot_bits - 1, name="therm_s1", attrs=keep)
+            m.d.sync += therm.eq(self.therm)
+            therm2 = Signal(c.dot_bits - 1, name="therm_s2", attrs=keep)
+            m.d.sync += therm2.eq(therm)
+            therm = therm2
 
         # --- tree stages: TREE_LEVELS_PER_STAGE levels each, then a register -----------
         # Fit tests (narrow flags): flag stage s registers the tests of stage s's inputs
@@ -374,6 +387,8 @@ class DotProductEngine(wiring.Component):
 
         def flag_stage(stage, tested):
             # The inner sums were registered with this stage's inputs: same blocks, same k.
+            if not narrow_check:
+                return
             r = Signal(len(tested), name=f"narrow_flags_s{stage + first}")
             m.d.sync += r.eq(Cat(*[not_fits(v, therm) for v in tested]))
             flag_regs.append(r)
@@ -384,6 +399,8 @@ class DotProductEngine(wiring.Component):
                 if len(values) == 1:
                     break
                 values = [values[2 * j] + values[2 * j + 1] for j in range(len(values) // 2)]
+                if not narrow_check:
+                    continue                     # inner sums are registered for tests only
                 if level < TREE_LEVELS_PER_STAGE - 1 and len(values) > 1:
                     for j, v in enumerate(values):
                         r = Signal(v.shape(), name=f"inner_s{stage + first}_l{level}_{j}",
@@ -401,10 +418,17 @@ class DotProductEngine(wiring.Component):
             flag_stage(stage, tested)
             next_shift = Signal(shift_shape(c), name=f"shift_s{stage + first}",
                                 reset_less=True)
-            next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}", attrs=keep)
-            m.d.sync += [next_shift.eq(shift), next_therm.eq(therm)]
-            shift, therm = next_shift, next_therm
+            m.d.sync += next_shift.eq(shift)
+            shift = next_shift
+            if narrow_check:
+                next_therm = Signal(c.dot_bits - 1, name=f"therm_s{stage + first}",
+                                    attrs=keep)
+                m.d.sync += next_therm.eq(therm)
+                therm = next_therm
         flag_stage(self._tree_stages, values + inner)     # the dot product, the last inner sums
+        m.d.comb += [self.dot.eq(values[0]), self.shift.eq(shift)]
+        if not narrow_check:
+            return m                                      # `narrow` stays 0
 
         # Counts: each flag stage's popcount (two adder levels per register), delayed to
         # meet the slowest, then their sum. The counts trail the data; nothing waits.
@@ -420,12 +444,7 @@ class DotProductEngine(wiring.Component):
                 cnt = r
             counts.append(cnt)
         count, _ = pipelined_sum(m, counts, "narrow_count")
-
-        m.d.comb += [
-            self.dot.eq(values[0]),
-            self.shift.eq(shift),
-            self.narrow.eq(count),
-        ]
+        m.d.comb += self.narrow.eq(count)
         return m
 
 
@@ -505,7 +524,8 @@ class TileEngine(wiring.Component):
         Per output row, :attr:`dot_latency` cycles after the read.
     narrow : ``Out(range(n * (2n - 1) + 1))``
         Product and tree events of all ``N`` engines, :attr:`narrow_latency` cycles after
-        the read.
+        the read; always 0 in a build without the check (``config.narrow_check`` False,
+        which also leaves ``therm`` unused).
     """
 
     def __init__(self, config, *, dsp_lanes=0, dsp_packing=1):
@@ -606,7 +626,8 @@ class TileEngine(wiring.Component):
         enable1 = delayed(self.enable, "enable", 1)
         vblock = Signal(c.vector_block_bits, name="vector_block_c2", reset_less=True)
         m.d.sync += vblock.eq(Mux(enable1, vrp.data, 0))
-        therm3 = delayed(self.therm, "therm", 3)
+        # Without the narrow check the engines take no thermometer (and count nothing).
+        therm3 = delayed(self.therm, "therm", 3) if c.narrow_check else None
         rb_clear2 = delayed(self.rb_clear, "rb_clear", 2)
 
         dsp = has_ecp5_dsp(platform)
@@ -653,11 +674,12 @@ class TileEngine(wiring.Component):
             m.d.comb += [
                 dpe.weights.eq(word3),
                 dpe.vector.eq(vec),
-                dpe.therm.eq(therm3),
                 self.dot[i].eq(dpe.dot),
                 self.shift[i].eq(dpe.shift),
             ]
-            narrows.append(dpe.narrow)
+            if c.narrow_check:
+                m.d.comb += dpe.therm.eq(therm3)
+                narrows.append(dpe.narrow)
 
         if self._dsp_lanes and self._dsp_packing == 2 and dsp:
             # The DSPs' input registers stand for the word's second register and the
@@ -676,7 +698,8 @@ class TileEngine(wiring.Component):
         m.d.comb += self.rb_word.eq(or_all(
             Mux(rb_clear2[i], 0, w.as_value()) for i, w in enumerate(words)))
 
-        total, stages = pipelined_sum(m, narrows, "narrow_sum")
-        assert stages == self._narrow_sum_stages
-        m.d.comb += self.narrow.eq(total)
+        if c.narrow_check:
+            total, stages = pipelined_sum(m, narrows, "narrow_sum")
+            assert stages == self._narrow_sum_stages
+            m.d.comb += self.narrow.eq(total)
         return m

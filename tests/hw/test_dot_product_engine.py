@@ -43,9 +43,14 @@ def _therm(k, width):
     return sum(1 << b for b in range(width) if b >= k - 1)
 
 
-@pytest.mark.parametrize("n,mv,mw", [(4, 6, 3), (8, 4, 4), (16, 4, 4), (32, 3, 5)])
-def test_dot_shift_narrow(n, mv, mw):
-    config = MvmConfig(n=n, tiles=1, mantissa_bits_v=mv, mantissa_bits_w=mw)
+@pytest.mark.parametrize("n,mv,mw,check", [(4, 6, 3, True), (8, 4, 4, True),
+                                          (16, 4, 4, True), (32, 3, 5, True),
+                                          (8, 4, 4, False)])
+def test_dot_shift_narrow(n, mv, mw, check):
+    """With ``narrow_check`` False (a build without the check) the dot products and
+    shifts are the same at the same latency, and the count is 0 at every cycle."""
+    config = MvmConfig(n=n, tiles=1, mantissa_bits_v=mv, mantissa_bits_w=mw,
+                       narrow_check=check)
     dut = DotProductEngine(config)
     rng = random.Random(n * 100 + mv * 10 + mw)
     qmax_v, qmax_w = (1 << (mv - 1)) - 1, (1 << (mw - 1)) - 1
@@ -76,11 +81,15 @@ def test_dot_shift_narrow(n, mv, mw):
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+    assert sum(_reference(qv, qw, k)[1] for qv, qw, _, _, k in pairs) > 0
     for i, (qv, qw, cv, cw, k) in enumerate(pairs):
         dot, events = _reference(qv, qw, k)
         assert outs[i + latency - 1][0] == dot, f"pair {i}: dot"
         assert outs[i + latency - 1][1] == cv + cw - shift_offset(config), f"pair {i}: shift"
-        assert outs[i + nlatency - 1][2] == events, f"pair {i}: narrow count, k = {k}"
+        assert outs[i + nlatency - 1][2] == (events if check else 0), \
+            f"pair {i}: narrow count, k = {k}"
+    if not check:
+        assert not any(narrow for _, _, narrow in outs)
 
 
 def test_flag_plan_tests_every_value_once():

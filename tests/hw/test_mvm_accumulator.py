@@ -57,9 +57,13 @@ def _groups(rng, config, blocks):
     return out
 
 
-@pytest.mark.parametrize("n,tiles", [(4, 1), (4, 2), (4, 3)])
-def test_sums(n, tiles):
-    config = MvmConfig(n=n, tiles=tiles, max_col_tiles=7)
+@pytest.mark.parametrize("n,tiles,check", [(4, 1, True), (4, 2, True), (4, 3, True),
+                                          (4, 3, False)])
+def test_sums(n, tiles, check):
+    """The row blocks' sums; without the narrow check (``narrow_check`` False) the same
+    sums at the same latency, and ``narrow`` 0 throughout (``k`` = 1 here, which would
+    make events with the check)."""
+    config = MvmConfig(n=n, tiles=tiles, max_col_tiles=7, narrow_check=check)
     dut = BfpAccumulator(config)
     rng = random.Random(n * 10 + tiles)
     blocks = _groups(rng, config, 40)
@@ -68,7 +72,7 @@ def test_sums(n, tiles):
     got = []
 
     async def drive(ctx):
-        ctx.set(dut.k, 64)
+        ctx.set(dut.k, 64 if check else 1)
         for block in blocks:
             for g, (dots, shifts, engines) in enumerate(block):
                 while rng.random() < 0.3:                   # idle cycles between groups
@@ -85,8 +89,12 @@ def test_sums(n, tiles):
         for _ in range(dut.result_latency + 2):
             await ctx.tick()
 
+    narrows = []
+
     async def collect(ctx):
-        async for _, _, valid, result in ctx.tick().sample(dut.result_valid, dut.result):
+        async for _, _, valid, result, narrow in ctx.tick().sample(
+                dut.result_valid, dut.result, dut.narrow):
+            narrows.append(narrow)
             if valid:
                 got.append([result[i] for i in range(n)])
 
@@ -96,6 +104,8 @@ def test_sums(n, tiles):
     sim.add_process(collect)
     sim.run_until(1e-8 * (sum(3 * len(b) for b in blocks) + 50))
     assert len(got) == len(expected)
+    if not check:
+        assert not any(narrows)
     for b, (g, e) in enumerate(zip(got, expected)):
         assert g == e, f"row block {b}"
 

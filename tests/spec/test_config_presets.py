@@ -37,3 +37,34 @@ def test_refusals_name_the_item(text, says):
         parse_config(text)
     with pytest.raises(ValueError, match="unknown build preset"):
         preset("nope")
+
+
+# --- the narrow-accumulator check, a build option (issue 36) -------------------------------
+
+@pytest.mark.parametrize("text, flag", [
+    ("narrow_check=off", False), ("narrow_check=0", False), ("narrow_check=False", False),
+    ("narrow_check=NO", False), ("narrow_check=on", True), ("narrow_check=1", True),
+    ("narrow_check=true", True), ("narrow_check=yes", True), ("", True),
+])
+def test_narrow_check_is_parsed(text, flag):
+    c = parse_config(f"ulx3s,{text}" if text else "ulx3s")
+    assert c.narrow_check is flag and (c.n, c.tiles) == (4, 1)
+    assert c.mvm.narrow_check is flag                       # the MVM's part carries it
+    assert c.to_dict()["narrow_check"] is flag
+    assert NpuConfig.from_json(c.to_json()) == c
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "", "offf"])
+def test_narrow_check_refusals_name_the_field(value):
+    with pytest.raises(ValueError, match=re.escape(
+            f"narrow_check must be one of 1, 0, true, false, on, off, yes, no, not {value!r}")):
+        parse_config(f"narrow_check={value}")
+
+
+@pytest.mark.parametrize("value", [1, 0, "off", None, 1.0])
+def test_narrow_check_must_be_a_bool(value):
+    from host.spec.config import MvmConfig
+    for cls in (MvmConfig, NpuConfig):
+        with pytest.raises(TypeError, match=re.escape(
+                f"narrow_check must be True or False, not {value!r}")):
+            cls(narrow_check=value)

@@ -291,3 +291,24 @@ def test_data_codecs():
     assert body == struct.pack("<BBHII", 7, 1, 0, 5, 70000)
     assert p.unpack_status(body) == {"error": 7, "busy": True, "input_level": 5,
                                      "output_level": 70000}
+
+
+def test_info_entries_carry_the_narrow_check_option():
+    """INFO reports ``narrow_check`` as 1 or 0 after the other build fields; the host
+    rebuilds the configuration from it, takes a device that does not report it (built
+    before the option) as having the check, and refuses another value naming it."""
+    from host.spec.config import NpuConfig
+    for flag in (True, False):
+        cfg = NpuConfig(n=8, tiles=1, narrow_check=flag)
+        entries = p.info_entries(cfg)
+        assert entries["narrow_check"] == int(flag)
+        assert list(entries)[:len(p.CONFIG_FIELDS)] == list(p.CONFIG_FIELDS)
+        assert p.config_from_entries(entries) == cfg
+        assert p.unpack_info(p.pack_info(entries))["narrow_check"] == int(flag)
+    old = p.info_entries(NpuConfig(n=8, tiles=1))
+    del old["narrow_check"]
+    assert p.config_from_entries(old).narrow_check is True
+    with pytest.raises(ValueError, match="INFO entry narrow_check must be 0 or 1, not 2"):
+        p.config_from_entries({**old, "narrow_check": 2})
+    with pytest.raises(ValueError, match="INFO lacks the build parameters tiles"):
+        p.config_from_entries({k: v for k, v in old.items() if k != "tiles"})
