@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "float16/float32/float64 (rounded to FP16, nearest-even)")
     run.add_argument("-o", "--output", required=True,
                      help=".npy written with shape (jobs, outputs, n), float16")
-    run.add_argument("--window", type=int, default=4, help="jobs in flight (default 4)")
+    run.add_argument("--window", type=int, default=4, help="runs in flight (default 4; a job of several runs counts each)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     deps = sub.add_parser("deps", parents=[common],
                           help="the dependency graph of an image's chains (no device)")

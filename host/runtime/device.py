@@ -6,7 +6,7 @@ offers the reference model's interface (``host.model.core.NpuModel``): ``info``,
 ``clear_counters``, ``reset``, ``error``, ``clear_error``. Transfers larger than one
 frame are split into frames and pipelined; refusals raise :class:`DeviceError` saying
 what was refused and why. :meth:`Device.stream` runs many jobs through a loaded network
-with a bounded window of jobs in flight; :meth:`Device.load_image` loads a compiled network
+with a bounded window of runs in flight; :meth:`Device.load_image` loads a compiled network
 (``host.spec.image.NetworkImage``). ``docs/protocol.md`` sections 7 to 10.
 """
 
@@ -478,6 +478,14 @@ class Device:
         if vectors is not None and shape[0] != vectors:
             raise ValueError(f"{what} has {shape[0]} vectors; each job takes {vectors}")
 
+    def _check_job_runs(self, x, index: int, vectors: int | None, runs: int) -> None:
+        """Refuse job ``index``'s input unless it is native vectors (``vectors`` of them if
+        given) that split equally over ``runs``."""
+        self._check_job(x, vectors, f"input of job {index}")
+        if len(x) % runs:
+            raise ValueError(f"input of job {index}: {len(x)} vectors do not split "
+                             f"equally over the {runs} runs of a job")
+
     def _pop_requests(self, count: int, job: str = ""):
         count = check_int("count", count, 1)
         per = (p.MAX_PAYLOAD - 1) // (2 * self.config.n)
@@ -539,8 +547,11 @@ class Device:
         ``runs`` > 1 (a network image's runs per job: a long sequence in chunks) the
         prologue is written once, then each run pushes its ``k / runs`` vectors, runs the
         program and pops ``outputs`` vectors; the device keeps its memories between the
-        runs. Up to ``window`` jobs are in flight (sent, results not yet read);
-        ``inputs`` is consumed lazily, so memory stays bounded for any number of jobs.
+        runs. Up to ``window`` runs are in flight (sent, results not yet read; a job of
+        one run is one): a job of many runs is sent a run at a time as earlier replies
+        come back, so the requests in flight stay within what the link buffers whatever
+        the number of runs. ``inputs`` is consumed lazily, so memory stays bounded for any
+        number of jobs.
         The device executes requests in order, so results come back in order.
 
         Parameters
@@ -549,8 +560,8 @@ class Device:
         outputs : int
             Output vectors per job (>= 1).
         window : int
-            Jobs in flight, 1 to 64 (1: wait for each job before sending the next). The
-            link must buffer the requests of ``window`` jobs (the gateware's receive FIFO,
+            Runs in flight, 1 to 64 (1: wait for each run before sending the next). The
+            link must buffer the requests of ``window`` runs (the gateware's receive FIFO,
             or flow control).
         progress : callable(done, total), True, or None
             Called after each job; True shows a ``host.runtime.progress.Progress`` on
@@ -597,79 +608,99 @@ class Device:
                                  f"{runs} runs")
         if isinstance(inputs, (np.ndarray, list, tuple)):
             for i, x in enumerate(inputs):
-                self._check_job(x, vectors, f"input of job {i}")
-                if len(x) % runs:
-                    raise ValueError(f"input of job {i}: {len(x)} vectors do not split "
-                                     f"equally over the {runs} runs of a job")
+                self._check_job_runs(x, i, vectors, runs)
         if total is None and hasattr(inputs, "__len__"):
             total = len(inputs)
         bar = Progress(total) if progress is True else None
         report = bar if bar is not None else progress
-        jobs = collections.deque()            # (index, [pending...])
+        # The window counts runs in flight, not jobs: a job of many runs (a long sequence
+        # in chunks) would otherwise send all its requests at once, more than the board's
+        # receive FIFO holds. A run is (prologue, for the first,) its pushes, RUN and pops.
+        flight = collections.deque()          # (job index, [pending...], [kept...], last)
+        waiting = collections.deque()         # the current job's runs not yet sent
         source = iter(inputs)
         sent = done = 0
         bad_input = None                      # raised once the jobs before it are out
         pops = self._pop_requests(outputs)
         setup = [r for space, addr, data in prologue
                  for r in self._write_requests(space, addr, data)]
+        bodies, failure = [], None            # the job being received
         try:
             while True:
-                while len(jobs) < window and bad_input is None:
-                    try:
-                        x = next(source)
-                    except StopIteration:
-                        break
-                    label = f"job {sent}: "
-                    try:
-                        self._check_job(x, vectors, f"input of job {sent}")
-                        if len(x) % runs:
-                            raise ValueError(f"{len(x)} vectors do not split equally over "
-                                             f"the {runs} runs of a job")
-                        per = len(x) // runs
-                        reqs = [(op, pl, f"{label}{what}") for op, pl, what in setup]
-                        kept = []
-                        for r in range(runs):
-                            tag = f"{label}run {r + 1} of {runs}: " if runs > 1 else label
-                            reqs += self._push_requests(x[r * per:(r + 1) * per], tag)
-                            reqs.append((Opcode.RUN, b"", f"{tag}RUN"))
-                            first = len(reqs)
-                            reqs += [(op, pl, f"{tag}{what}") for op, pl, what in pops]
-                            if keep == "all" or r == runs - 1:
-                                kept += range(first, len(reqs))
-                    except ValueError as exc:
-                        bad_input = ValueError(f"input of job {sent}: {exc}")
-                        break
-                    jobs.append((sent, [self._send(*r) for r in reqs], kept))
-                    sent += 1
-                if not jobs:
+                while len(flight) < window and bad_input is None:
+                    if not waiting:
+                        try:
+                            x = next(source)
+                        except StopIteration:
+                            break
+                        try:
+                            waiting.extend(self._job_runs(x, sent, vectors, runs, keep,
+                                                          setup, pops))
+                        except ValueError as exc:
+                            bad_input = exc
+                            break
+                        sent += 1
+                    index, reqs, kept, last = waiting.popleft()
+                    flight.append((index, [self._send(*r) for r in reqs], kept, last))
+                if not flight:
                     if bad_input is not None:
                         raise bad_input
                     break
-                index, pendings, kept = jobs.popleft()
-                bodies, failure = [], None
-                for pending in pendings:
+                index, pendings, kept, last = flight.popleft()
+                for i, pending in enumerate(pendings):
                     status, body = self._receive(pending)
                     if status is not Status.OK and failure is None:
                         failure = self._refusal(pending, status, body)
-                    bodies.append(body)
+                    if i in kept:
+                        bodies.append(body)
+                if not last:
+                    continue
                 if failure is not None:
-                    self._fail_stream(index, failure, jobs)
-                yield self._vectors_of([bodies[i] for i in kept])
+                    waiting.clear()
+                    self._fail_stream(index, failure, flight)
+                yield self._vectors_of(bodies)
+                bodies = []
                 done += 1
                 if report is not None:
                     report(done, total)
         finally:
-            # Jobs still in flight (the consumer stopped early, or an error) are answered
-            # before the link is used again.
-            self._drain(jobs)
+            # Runs still in flight (the consumer stopped early, or an error) are answered
+            # before the link is used again; runs not yet sent are dropped.
+            self._drain(flight)
             if bar is not None:
                 bar.close()
 
-    def _drain(self, jobs) -> list[int]:
-        """Read the replies of ``jobs``; returns the indices whose RUN succeeded."""
+    def _job_runs(self, x, index, vectors, runs, keep, setup, pops):
+        """The requests of job ``index`` (input ``x``), one ``(index, requests, kept,
+        last)`` per run: ``kept`` the positions of the pops whose replies the job yields.
+
+        Raises
+        ------
+        ValueError
+            for an input of the wrong shape or size, or one that does not split equally
+            over ``runs`` (nothing of the job is sent).
+        """
+        self._check_job_runs(x, index, vectors, runs)
+        per = len(x) // runs
+        label = f"job {index}: "
+        out = []
+        for r in range(runs):
+            tag = f"{label}run {r + 1} of {runs}: " if runs > 1 else label
+            reqs = [(op, pl, f"{label}{what}") for op, pl, what in setup] if r == 0 else []
+            reqs += self._push_requests(x[r * per:(r + 1) * per], tag)
+            reqs.append((Opcode.RUN, b"", f"{tag}RUN"))
+            first = len(reqs)
+            reqs += [(op, pl, f"{tag}{what}") for op, pl, what in pops]
+            kept = set(range(first, len(reqs))) if keep == "all" or r == runs - 1 else set()
+            out.append((index, reqs, kept, r == runs - 1))
+        return out
+
+    def _drain(self, flight) -> list[int]:
+        """Read the replies of the runs in ``flight``; returns the indices of the jobs of
+        which a RUN succeeded."""
         ran = []
-        while jobs:
-            index, pendings, _ = jobs.popleft()
+        while flight:
+            index, pendings, *_ = flight.popleft()
             for pending in pendings:
                 if not self._outstanding or self._outstanding[0] is not pending:
                     continue                   # abandoned after a link error
@@ -679,9 +710,9 @@ class Device:
                     ran.append(index)
         return ran
 
-    def _fail_stream(self, index, failure, jobs):
-        in_flight = [i for i, *_ in jobs]
-        ran = self._drain(jobs)
+    def _fail_stream(self, index, failure, flight):
+        in_flight = sorted({i for i, *_ in flight} - {index})
+        ran = [i for i in self._drain(flight) if i != index]
         message = f"job {index} failed: {failure}; jobs 0..{index - 1} delivered"
         if in_flight:
             message += (f"; jobs {in_flight[0]}..{in_flight[-1]} were in flight and "

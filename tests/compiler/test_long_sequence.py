@@ -28,8 +28,10 @@ from host.numerics.fp16 import binary
 from host.numerics.mvm import mvm, quantize_fp16
 from host.numerics.unary import unary
 from host.runtime.device import Device
+from host.runtime.transport import ModelTransport
 from host.spec.config import parse_config
 from host.spec.image import ImageError, NetworkImage
+from host.spec.protocol import REPLY, Frame, FrameDecoder, Opcode
 
 BUILD = "n=8,tiles=1,mantissa_bits_v=8,mantissa_bits_w=8,program_depth=1024"
 #: The same build with room for every step of the shorter sequences in one program.
@@ -198,6 +200,50 @@ def test_stream_runs_a_job_in_runs():
             next(dev.stream(jobs, outputs=img.outputs, vectors=24, runs=5))
         with pytest.raises(ValueError, match="keep must be 'all' or 'last'"):
             next(dev.stream(jobs, outputs=img.outputs, runs=2, keep="first"))
+
+
+class RunCounter(ModelTransport):
+    """A model transport that tracks RUN requests sent and not yet answered."""
+
+    def __init__(self, config):
+        super().__init__(config=config)
+        self.sent, self.replies = FrameDecoder(), FrameDecoder()
+        self.unanswered = self.most = 0
+
+    def send(self, data):
+        self.unanswered += sum(isinstance(f, Frame) and f.opcode == Opcode.RUN.value
+                               for f in self.sent.feed(data))
+        self.most = max(self.most, self.unanswered)
+        super().send(data)
+
+    def recv(self, n, timeout):
+        data = super().recv(n, timeout)
+        self.unanswered -= sum(isinstance(f, Frame) and f.opcode == Opcode.RUN.value | REPLY
+                               for f in self.replies.feed(data))
+        return data
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_stream_window_counts_runs(window):
+    """A job of more runs than the window is sent a run at a time: never more than
+    ``window`` RUN requests unanswered (a 500-step job would otherwise send all 50 runs'
+    inputs at once, more than the board's receive FIFO holds), same results."""
+    net, x = small_chunked()
+    img = net.image
+    assert img.runs > window
+    jobs = net.jobs(x)
+    kw = {"outputs": img.outputs, "prologue": img.job_memories, "vectors": img.inputs,
+          "runs": img.runs, "keep": img.keep}
+    with Device.open(f"model:{config_text(net.config)}") as dev:
+        dev.load_image(img)
+        wide = list(dev.stream(jobs, window=64, **kw))
+    counter = RunCounter(net.config)
+    with Device(counter) as dev:
+        dev.load_image(img)
+        narrow = list(dev.stream(jobs, window=window, **kw))
+    assert counter.most == window and counter.unanswered == 0
+    assert len(narrow) == len(wide) == x.shape[1]          # x is (steps, batch, input)
+    assert all(np.array_equal(a, b) for a, b in zip(wide, narrow))
 
 
 def test_cli_run_and_export(tmp_path):
