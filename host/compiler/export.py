@@ -61,10 +61,9 @@ class ExportError(ValueError):
 #: The kernels the exported chains call, as ``(module, name)``.
 KERNEL_ROOTS = (
     (_mvm, "mvm"),
-    (_fp16, "binary_bits"),
-    (_fp16, "binary_events_bits"),
-    (_unary, "unary_bits"),
-    (_unary, "unary_events"),
+    (_mvm, "prepare_weights"),
+    (_fp16, "binary_counts_bits"),
+    (_unary, "unary_counts"),
     (_reduction, "reduce_vectors_bits"),
 )
 
@@ -615,10 +614,10 @@ def _chain_source(index, rec, weights, cfg) -> tuple[str, str]:
         mv = chain.mv_mul
         keys = weights[index]
         if len(set(keys)) == 1:
-            wexpr = f"WEIGHTS[{keys[0]!r}]"
+            wexpr = repr(keys[0])
         else:
             lines.insert(3, f"    slots = {keys!r}")
-            wexpr = "WEIGHTS[slots[i]]"
+            wexpr = "slots[i]"
         kw = rec["mvm"][0][2]
         lines.append(f"{ind}# the matrix from tile slot {_addr(mv.operand, mv.inc)}")
         lines.append(f"{ind}y = _product(x, {wexpr}, pix={plan['pix']}, "
@@ -663,19 +662,25 @@ def _chain_source(index, rec, weights, cfg) -> tuple[str, str]:
 
 
 _HELPERS = '''
-def _product(x, weights, *, pix, lanes_cols, rounding, static_exponent_code, narrow_width,
+#: ``prepare_weights`` of each WEIGHTS entry, made on first use.
+_PREPARED = {{}}
+
+
+def _product(x, key, *, pix, lanes_cols, rounding, static_exponent_code, narrow_width,
              counts):
-    """The MVM of one iteration for every job: ``x`` (B, C, N) gathered input vectors;
-    ``weights`` the (codes, mantissas) the MRF slots hold, gathered in the kernel's order
-    at export time. Lanes past COLS in each pixel's last native vector do not enter the
-    quantizer. Counts as the model does."""
-    x = x.copy()
-    x[:, pix - 1::pix, lanes_cols:] = 0
-    codes_w, qw = weights
+    """The MVM of one iteration for every job: ``x`` (B, C, N) gathered input vectors (a
+    copy); ``WEIGHTS[key]`` the (codes, mantissas) the MRF slots hold, gathered in the
+    kernel's order at export time. Lanes past COLS in each pixel's last native vector do
+    not enter the quantizer. Counts as the model does."""
+    if lanes_cols < N:
+        x[:, pix - 1::pix, lanes_cols:] = 0
+    codes_w, qw = WEIGHTS[key]
+    if key not in _PREPARED:
+        _PREPARED[key] = {prepare_weights}(codes_w, qw, n=N, mantissa_bits_w=MANTISSA_BITS_W)
     res = {mvm}(x.reshape(len(x), -1), codes_w, qw, n=N, mantissa_bits_v=MANTISSA_BITS_V,
               mantissa_bits_w=MANTISSA_BITS_W, rounding={rounding}(rounding),
               static_exponent_code=static_exponent_code, narrow_width=narrow_width,
-              accumulators=False)
+              accumulators=False, prepared=_PREPARED[key])
     counts["vector_saturations"] += int(np.sum(res.vector_saturated))
     counts["vector_nonfinite"] += int(np.sum(res.vector_nonfinite))
     counts["narrow_events"] += int(np.sum(res.narrow.total))
@@ -685,18 +690,18 @@ def _product(x, weights, *, pix, lanes_cols, rounding, static_exponent_code, nar
 
 def _binary(op, y, b, *, mfu, counts):
     """An ADDSUB or MUL unit of MFU ``mfu``: ``op(y, b)`` and its events."""
-    events = {binary_events_bits}(op, y, b)
-    counts[f"mfu{{mfu}}_overflow"] += int(events.overflow.sum())
-    counts[f"mfu{{mfu}}_nan_created"] += int(events.nan_created.sum())
-    return {binary_bits}(op, y, b)
+    out, overflow, nan_created = {binary_counts_bits}(op, y, b)
+    counts[f"mfu{{mfu}}_overflow"] += overflow
+    counts[f"mfu{{mfu}}_nan_created"] += nan_created
+    return out
 
 
 def _unary(op, y, *, mfu, counts):
     """The ACT unit of MFU ``mfu`` (the build's unary ops) and its events."""
-    overflow, nan_created = {unary_events}(op, y, ops=UNARY_OPS)
-    counts[f"mfu{{mfu}}_overflow"] += int(overflow.sum())
-    counts[f"mfu{{mfu}}_nan_created"] += int(nan_created.sum())
-    return {unary_bits}(op, y, ops=UNARY_OPS)
+    out, overflow, nan_created = {unary_counts}(op, y, ops=UNARY_OPS)
+    counts[f"mfu{{mfu}}_overflow"] += overflow
+    counts[f"mfu{{mfu}}_nan_created"] += nan_created
+    return out
 
 
 def _reduce(op, y, *, lanes_last, mfu, counts):
@@ -890,11 +895,10 @@ def export_image(image, path, *, config: NpuConfig | None = None,
 
     helpers = _HELPERS.format(
         mvm=names[(_mvm.__name__, "mvm")],
+        prepare_weights=names[(_mvm.__name__, "prepare_weights")],
         rounding="formats_Rounding",
-        binary_bits=names[(_fp16.__name__, "binary_bits")],
-        binary_events_bits=names[(_fp16.__name__, "binary_events_bits")],
-        unary_bits=names[(_unary.__name__, "unary_bits")],
-        unary_events=names[(_unary.__name__, "unary_events")],
+        binary_counts_bits=names[(_fp16.__name__, "binary_counts_bits")],
+        unary_counts=names[(_unary.__name__, "unary_counts")],
         reduce_vectors_bits=names[(_reduction.__name__, "reduce_vectors_bits")])
     if "formats_Rounding" not in kernels:
         raise ExportError("the bundled kernels lack formats_Rounding")

@@ -12,6 +12,7 @@ the model agree bit for bit on every output, memory word and counter.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,9 +27,9 @@ from host.spec.isa import (
     REG_DEFAULTS, Chain, ErrorCode, Instruction, IsaError, Opcode, Reg, Space, decode,
     chain_mfu_ops, operand_vrf, parse_chain, register_limits,
 )
-from host.spec.mfu import MfuOp, MfuUnit, allocate
-from host.model.mfu import MfuVrfs, run_chain
-from host.numerics.mvm import fp16_bits, mvm, quantize_fp16
+from host.spec.mfu import MfuUnit, allocate
+from host.model.mfu import MfuVrfs, run_steps
+from host.numerics.mvm import fp16_bits, mvm, prepare_weights, quantize_fp16
 
 __all__ = ["NpuError", "RunResult", "NpuModel", "Timing", "mvm_latency"]
 
@@ -160,13 +161,13 @@ class _Clock:
         vrf_first = bool(ops) and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL)
         return pipe + vrf_first, pipe - 1
 
-    def instance(self, c_in, length, mvm_cols, ops, reads, writes, dests):
+    def instance(self, c_in, length, mvm_cols, ops, reads, writes, dests, fill=None):
         """One chain instance: advances the resources.
 
         ``c_in`` native vectors read; ``length`` (L) vectors out; ``mvm_cols`` C of the
         product or None; ``ops`` the chain's ``MfuOp`` list; ``reads``/``writes``: lists of
         ``(space, start, stop)`` of vector memories (not NETQ); ``dests`` the number of
-        ``v_wr`` (NETQ included).
+        ``v_wr`` (NETQ included); ``fill``: ``_fill(ops, length)`` when the caller has it.
         """
         t = self.t
         # Issue: decoded, one per cycle, a free scoreboard entry, and no read of a range
@@ -182,7 +183,7 @@ class _Clock:
         self.issue_free = start + 1
         # The MFU pipeline takes the chain once the previous one has left it.
         accept = max(self.mfu_free, start + t.mfu_setup)
-        fill, pipe = self._fill(ops, length)
+        fill, pipe = self._fill(ops, length) if fill is None else fill
         read = max(start + t.read_latency, self.rd_free)
         if mvm_cols is not None:
             groups = -(-mvm_cols // self.cfg.tiles)
@@ -208,7 +209,7 @@ class _Clock:
             self.direct = held
         # Outputs: one per cycle at best, one per destination while the writer writes.
         out = max(accept + fill, arrive[0] + pipe)
-        reduces = sum(op.unit is MfuUnit.REDUCE for op in ops)
+        reduces = sum(op.unit is MfuUnit.REDUCE for op in ops) if ops else 0
         if reduces:                            # a reduction waits for the last vector
             out = max(out, arrive[-1] + pipe - reduces * (length - 1))
         for a in arrive[1:]:
@@ -236,6 +237,28 @@ def _overlaps(a, b) -> bool:
 
 
 # --- the model --------------------------------------------------------------------------------
+
+#: What the model derives from a loaded program alone, shared by the models that load the
+#: same words on the same build and timing constants: ``(decoded, parsed, plans)``,
+#: instruction by index, chain by start, and the checked plan of a chain by ``(start,
+#: register values)``. Each entry is a pure function of its key, the words, the build and
+#: the timing (a plan's queue checks, the only part that depends on the state, run every
+#: time), so sharing changes nothing.
+_PROGRAMS = OrderedDict()
+_PROGRAMS_KEPT = 8
+
+
+def _program_caches(config, timing, words: np.ndarray):
+    key = (config, timing, words.tobytes())
+    entry = _PROGRAMS.get(key)
+    if entry is None:
+        entry = _PROGRAMS[key] = ({}, {}, {})
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(key)
+    return entry
+
 
 class NpuModel:
     """The reference NPU core.
@@ -274,13 +297,20 @@ class NpuModel:
         self._vrfs = MfuVrfs(self._mfu_cfg)
         self._mrf_codes = np.zeros((cfg.tiles, cfg.n, cfg.mrf_depth), np.uint8)
         self._mrf_mant = np.zeros((cfg.tiles, cfg.n, cfg.mrf_depth, cfg.n), np.int16)
-        # Weights gathered for a product, by (base slot, rows, cols, groups); every MRF
-        # write empties it.
+        # Weights gathered for a product, by (base slot, rows, cols, groups); an MRF write
+        # drops the entries whose slots it touches (_forget_slots), and write_weights
+        # gathers the matrix it wrote at once (the work a product would do first).
         self._gathered = {}
+        # The vector memories by space (the arrays never change identity).
+        self._memories = {Space.IVRF: self._ivrf}
+        for m in range(cfg.mfus):
+            self._memories[Space.asvrf(m)] = self._vrfs.addsub[m]
+            self._memories[Space.mulvrf(m)] = self._vrfs.mul[m]
         self._program = np.zeros(cfg.program_depth, np.uint64)
         self._program_length = 0
         self._decoded = {}                  # pc -> Instruction, for the loaded program
         self._parsed = {}                   # pc -> Chain starting there
+        self._plans = {}                    # (pc, registers) -> plan (see _plan)
         self._inq = np.zeros((0, cfg.n), np.uint16)
         self._outq = np.zeros((0, cfg.n), np.uint16)
         self._regs = self._default_registers()
@@ -330,6 +360,10 @@ class NpuModel:
     # --- host access -----------------------------------------------------------------------
 
     def _vector_memory(self, space) -> np.ndarray:
+        if type(space) is Space:
+            mem = self._memories.get(space)
+            if mem is not None:
+                return mem
         space = _space(space)
         if space is Space.IVRF:
             return self._ivrf
@@ -416,7 +450,8 @@ class NpuModel:
                                                f"{int(codes[i])}, above {MAX_EXPONENT_CODE}")
         self._mrf_codes[engine, row, slot] = codes
         self._mrf_mant[engine, row, slot] = q
-        self._gathered.clear()
+        if len(slot):
+            self._forget_slots(int(slot.min()), int(slot.max()) + 1)
 
     def _read_mrf(self, addr, count) -> list[int]:
         cfg = self.config
@@ -479,7 +514,8 @@ class NpuModel:
         self._mrf_codes[engines[..., None], np.arange(cfg.n), slots[..., None]] = \
             q.exponent_codes
         self._mrf_mant[engines[..., None], np.arange(cfg.n), slots[..., None]] = q.mantissas
-        self._gathered.clear()
+        self._forget_slots(base_slot, base_slot + need)
+        self._weights(base_slot, big_r, big_c, groups)
         self._count("weight_saturations", q.saturated.sum())
         self._count("weight_nonfinite", q.nonfinite.sum())
         return big_r, big_c
@@ -570,8 +606,10 @@ class NpuModel:
         self._program[:] = 0
         self._program[:len(arr)] = arr
         self._program_length = len(arr)
-        # Decoding depends on the words alone: kept across runs of the same program.
-        self._decoded, self._parsed = {}, {}
+        # Decoding depends on the words alone: kept across runs of the same program (and
+        # shared with other models that load it, _program_caches).
+        self._decoded, self._parsed, self._plans = _program_caches(self.config, self.timing,
+                                                                     arr)
 
     # --- execution -------------------------------------------------------------------------
 
@@ -640,8 +678,37 @@ class NpuModel:
     def _plan(self, chain: Chain):
         """Check a chain against the registers and memories; return its plan.
 
-        Raises IsaError for anything that would fail in any of its iterations.
+        Raises IsaError for anything that would fail in any of its iterations. A plan
+        depends on the chain, the registers and the build only, except for the queue
+        checks (:meth:`_check_queues`): it is kept by ``(start, registers)`` once every
+        check has passed, and a kept plan repeats only the queue checks. Those come after
+        every other check that can fail first, so the error raised is the same. Plans
+        are read only.
         """
+        key = (chain.start, *self._regs.values())
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._plan_checked(chain)
+        else:
+            self._check_queues(chain, plan)
+        return plan
+
+    def _check_queues(self, chain: Chain, plan) -> None:
+        """The plan's input pops and output pushes against the queues' levels."""
+        rd, iters, cols = chain.read, plan["iters"], plan["c_in"]
+        if rd.space is Space.NETQ and iters * cols > len(self._inq):
+            raise IsaError(ErrorCode.QUEUE_UNDERFLOW,
+                           f"instruction {chain.start}: {rd}: {iters} x {cols} vectors "
+                           f"needed, {len(self._inq)} queued", chain.start)
+        pushes = plan["pushes"]
+        if len(self._outq) + pushes > self.config.netq_depth:
+            raise IsaError(ErrorCode.QUEUE_OVERFLOW,
+                           f"instruction {chain.start}: the chain pushes {pushes} vectors; "
+                           f"the output queue has "
+                           f"{self.config.netq_depth - len(self._outq)} free", chain.start)
+
+    def _plan_checked(self, chain: Chain):
+        """:meth:`_plan` without the cache: every check, in order."""
         cfg, regs = self.config, self._regs
         at = chain.start
 
@@ -710,14 +777,8 @@ class NpuModel:
         plan["c_in"] = cols
         # Queues: every iteration pops c_in vectors / pushes length per netq write.
         rd = chain.read
-        if rd.space is Space.NETQ and iters * cols > len(self._inq):
-            fail(ErrorCode.QUEUE_UNDERFLOW, f"{rd}: {iters} x {cols} vectors needed, "
-                                            f"{len(self._inq)} queued")
-        pushes = sum(length for w in chain.writes if w.space is Space.NETQ) * iters
-        if len(self._outq) + pushes > cfg.netq_depth:
-            fail(ErrorCode.QUEUE_OVERFLOW, f"the chain pushes {pushes} vectors; the output "
-                                           f"queue has {cfg.netq_depth - len(self._outq)} "
-                                           f"free")
+        plan["pushes"] = sum(length for w in chain.writes if w.space is Space.NETQ) * iters
+        self._check_queues(chain, plan)
         # Ranges: (space, start, count, inc, index) of every memory access.
         reads, writes = [], []
         if rd.space is not Space.NETQ:
@@ -736,7 +797,53 @@ class NpuModel:
                                               f"(iteration {iters - 1}), beyond depth {depth}")
         self._check_hazards(reads, writes, iters, fail)
         plan["reads"], plan["writes"] = reads, writes
+        plan["run"] = self._compile(chain, plan, placed, vv)
         return plan
+
+    def _compile(self, chain: Chain, plan, placed, vv):
+        """What :meth:`_execute` needs per iteration, worked out once per plan."""
+        cfg, regs = self.config, self._regs
+        mv, rd = chain.mv_mul, chain.read
+        k = 0
+        steps = []                      # (mfu, op, vv operand, vv inc)
+        for m, ops in enumerate(placed):
+            for op in ops:
+                if op.addr is not None:
+                    steps.append((m, op, vv[k].operand, vv[k].inc))
+                    k += 1
+                else:
+                    steps.append((m, op, 0, 0))
+        product = None
+        if mv is not None:
+            n = cfg.n
+            last = np.arange(plan["pix"] - 1, plan["cols"], plan["pix"])
+            product = {
+                "base": mv.operand, "inc": mv.inc,
+                "mask": (last[:, None], np.arange(plan["lanes_cols"], n)[None, :])
+                if plan["lanes_cols"] < n else None,
+                "kw": {"n": n, "mantissa_bits_v": cfg.mantissa_bits_v,
+                       "mantissa_bits_w": cfg.mantissa_bits_w,
+                       "rounding": Rounding(regs[Reg.ROUNDING]),
+                       "static_exponent_code": (regs[Reg.Q_EXPONENT] if regs[Reg.Q_STATIC]
+                                                else None),
+                       # A build without the check (MvmConfig.narrow_check) still takes
+                       # NARROW (the register is checked as on every build) but counts
+                       # nothing.
+                       "narrow_width": regs[Reg.NARROW] if cfg.narrow_check else None,
+                       "accumulators": False}}
+        return {
+            "netq_read": rd.space is Space.NETQ, "read_space": rd.space,
+            "read_base": rd.operand, "read_inc": rd.inc, "pieces": plan["pieces"],
+            "product": product, "steps": steps,
+            "steps0": [(m, op, a) for m, op, a, _ in steps],
+            "ranges0": ([(s, a, a + c) for s, a, c, *_ in plan["reads"]],
+                        [(s, a, a + c) for s, a, c, *_ in plan["writes"]]),
+            "timing": self.timing,
+            "fill": _Clock(cfg, self.timing)._fill(plan["ops"], plan["length"]),
+            "writes": [(w.space is Space.NETQ, w.space, w.operand, w.inc)
+                       for w in chain.writes],
+            "clock": (plan["c_in"], plan["length"], plan["cols"] if mv is not None else None,
+                      plan["ops"], len(chain.writes))}
 
     @staticmethod
     def _check_hazards(reads, writes, iters, fail):
@@ -759,52 +866,69 @@ class NpuModel:
     def _execute(self, chain: Chain, clock: _Clock) -> int:
         """Run every iteration of a checked chain; returns the instances run."""
         plan = self._plan(chain)
-        cfg, length = self.config, plan["length"]
-        mv = chain.mv_mul
-        rd = chain.read
+        run = plan["run"]
+        length = plan["length"]
+        product, steps, pieces = run["product"], run["steps"], run["pieces"]
         clock.chain(chain.stop - chain.start)
-        vv = [ins for ins in chain.ops if ins.opcode is Opcode.VV]
+        c_in, _, mvm_cols, ops, dests = run["clock"]
+        # (The timing constants are part of the program cache's key; a model whose
+        # ``timing`` was replaced since it loaded the program works its fill out anew.)
+        fill = run["fill"] if (run["timing"] is self.timing
+                               or run["timing"] == self.timing) else None
         for i in range(plan["iters"]):
             # Read the chain's input.
-            if rd.space is Space.NETQ:
-                x, self._inq = self._inq[:plan["c_in"]].copy(), self._inq[plan["c_in"]:]
+            if run["netq_read"]:
+                x, self._inq = self._inq[:c_in].copy(), self._inq[c_in:]
             else:
-                mem = self._vector_memory(rd.space)
-                base = rd.operand + i * rd.inc
-                x = np.concatenate([mem[base + off:base + off + cnt]
-                                    for off, cnt in plan["pieces"]])
-            if mv is not None:
-                y = self._product(x, mv.operand + i * mv.inc, plan)
-            else:
-                y = x
+                mem = self._vector_memory(run["read_space"])
+                base = run["read_base"] + i * run["read_inc"]
+                if len(pieces) == 1:
+                    off, cnt = pieces[0]
+                    x = mem[base + off:base + off + cnt].copy()
+                else:
+                    x = np.concatenate([mem[base + off:base + off + cnt]
+                                        for off, cnt in pieces])
+            y = x if product is None else self._product(
+                x, product["base"] + i * product["inc"], plan)
             # The MFU ops, with this iteration's operand addresses.
-            if plan["ops"]:
-                ops, k = [], 0
-                for op in plan["ops"]:
-                    if op.addr is not None:
-                        op = MfuOp.binary(op.op, vv[k].operand + i * vv[k].inc)
-                        k += 1
-                    ops.append(op)
-                res = run_chain(self._mfu_cfg, ops, y, plan["lanes_last"], self._vrfs)
-                y = res.out
-                for m in range(cfg.mfus):
-                    self._count(f"mfu{m}_overflow", res.overflow[m])
-                    self._count(f"mfu{m}_nan_created", res.nan_created[m])
-            for w in chain.writes:
-                if w.space is Space.NETQ:
+            if steps:
+                y, overflow, nan_created = run_steps(
+                    [(m, op, a + i * inc) for m, op, a, inc in steps] if i else run["steps0"],
+                    y, plan["lanes_last"], self._vrfs, self.config.unary_ops,
+                    self.config.mfus)
+                for m, (o, c) in enumerate(zip(overflow, nan_created)):
+                    if o:
+                        self._count(f"mfu{m}_overflow", o)
+                    if c:
+                        self._count(f"mfu{m}_nan_created", c)
+            for netq, space, operand, inc in run["writes"]:
+                if netq:
                     self._outq = np.concatenate([self._outq, y])
                 else:
-                    a = w.operand + i * w.inc
-                    self._vector_memory(w.space)[a:a + length] = y
-            reads = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, *_ in plan["reads"]]
-            writes = [(s, a + i * inc, a + i * inc + c) for s, a, c, inc, _ in plan["writes"]]
-            clock.instance(plan["c_in"], length, plan["cols"] if mv is not None else None,
-                           plan["ops"], reads, writes, len(chain.writes))
+                    a = operand + i * inc
+                    self._vector_memory(space)[a:a + length] = y
+            if i:
+                reads = [(s, a + i * inc, a + i * inc + c)
+                         for s, a, c, inc, *_ in plan["reads"]]
+                writes = [(s, a + i * inc, a + i * inc + c)
+                          for s, a, c, inc, _ in plan["writes"]]
+            else:
+                reads, writes = run["ranges0"]
+            clock.instance(c_in, length, mvm_cols, ops, reads, writes, dests, fill)
         return plan["iters"]
 
+    def _forget_slots(self, start: int, stop: int) -> None:
+        """Drop the gathered weights that read any tile slot in ``start .. stop - 1``
+        (a product from ``base`` reads slots below ``base + rows * groups``)."""
+        for key in [k for k in self._gathered
+                    if k[0] < stop and start < k[0] + k[1] * k[3]]:
+            del self._gathered[key]
+
     def _weights(self, base: int, rows: int, cols: int, groups: int):
-        """The product's weight codes ``(rows * n, cols)`` and mantissas
-        ``(rows * n, cols * n)`` gathered from the MRF tile slots from ``base``."""
+        """The product's weight codes ``(rows * n, cols)``, mantissas
+        ``(rows * n, cols * n)`` gathered from the MRF tile slots from ``base``, and their
+        :func:`host.numerics.mvm.prepare_weights` (kept until an MRF write touches those
+        slots, :meth:`_forget_slots`)."""
         key = (base, rows, cols, groups)
         if key not in self._gathered:
             n, t = self.config.n, self.config.tiles
@@ -814,31 +938,27 @@ class NpuModel:
             # Gathered in the kernel's order, the tile row's MRF row between R and C:
             # (R, n, C) codes and (R, n, C, n) mantissas, reshaped without a copy.
             index = (engines[:, None, :], np.arange(n)[None, :, None], slots[:, None, :])
-            self._gathered[key] = (self._mrf_codes[index].reshape(rows * n, cols),
-                                   self._mrf_mant[index].reshape(rows * n, cols * n))
+            codes = self._mrf_codes[index].reshape(rows * n, cols)
+            mant = self._mrf_mant[index].reshape(rows * n, cols * n)
+            self._gathered[key] = (codes, mant, prepare_weights(
+                codes, mant, n=n, mantissa_bits_w=self.config.mantissa_bits_w))
         return self._gathered[key]
 
     def _product(self, x, base: int, plan) -> np.ndarray:
-        """The MVM: ``x`` (C, n) gathered input vectors, the matrix at tile slot ``base``."""
-        cfg, regs = self.config, self._regs
-        n = cfg.n
-        cols, groups, rows = plan["cols"], plan["groups"], plan["length"]
+        """The MVM: ``x`` (C, n) gathered input vectors (the caller's copy), the matrix at
+        tile slot ``base``."""
+        product = plan["run"]["product"]
+        n = self.config.n
         # Lanes past COLS in each pixel's last native vector do not enter the quantizer.
-        x = x.copy()
-        last = np.arange(plan["pix"] - 1, cols, plan["pix"])
-        x[last[:, None], np.arange(plan["lanes_cols"], n)[None, :]] = 0
-        codes_w, qw = self._weights(base, rows, cols, groups)
-        static = regs[Reg.Q_EXPONENT] if regs[Reg.Q_STATIC] else None
-        res = mvm(x.reshape(-1), codes_w, qw, n=n, mantissa_bits_v=cfg.mantissa_bits_v,
-                  mantissa_bits_w=cfg.mantissa_bits_w, rounding=Rounding(regs[Reg.ROUNDING]),
-                  static_exponent_code=static,
-                  # A build without the check (MvmConfig.narrow_check) still takes NARROW
-                  # (the register is checked as on every build) but counts nothing.
-                  narrow_width=regs[Reg.NARROW] if cfg.narrow_check else None,
-                  accumulators=False)
-        self._count("vector_saturations", res.vector_saturated)
-        self._count("vector_nonfinite", res.vector_nonfinite)
-        self._count("narrow_events", res.narrow.total)
-        self._count("output_saturations", res.output_saturated)
-        return res.out_bits.reshape(rows, n)
-
+        if product["mask"] is not None:
+            x[product["mask"]] = 0
+        codes_w, qw, prepared = self._weights(base, plan["length"], plan["cols"],
+                                              plan["groups"])
+        res = mvm(x.reshape(-1), codes_w, qw, prepared=prepared, **product["kw"])
+        for name, events in (("vector_saturations", res.vector_saturated),
+                             ("vector_nonfinite", res.vector_nonfinite),
+                             ("narrow_events", res.narrow.total),
+                             ("output_saturations", res.output_saturated)):
+            if events:
+                self._count(name, events)
+        return res.out_bits.reshape(plan["length"], n)

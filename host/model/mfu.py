@@ -10,15 +10,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from host.numerics.fp16 import binary_bits, binary_events_bits
+from host.numerics.fp16 import binary_counts_bits
 from host.numerics.reduction import reduce_vectors_bits
-from host.numerics.unary import unary_bits, unary_events
+from host.numerics.unary import unary_counts
 from host.spec.formats import check_int
 from host.spec.mfu import (
-    _VRF_UNITS, MfuConfig, MfuUnit, VrfBank, _check_addrs, _check_cfg, allocate,
+    MfuConfig, MfuUnit, VrfBank, _check_addrs, _check_cfg, allocate,
 )
 
-__all__ = ["MfuVrfs", "ChainResult", "run_chain", "MfuCounters"]
+__all__ = ["MfuVrfs", "ChainResult", "run_chain", "run_steps", "MfuCounters"]
 
 
 class MfuVrfs:
@@ -129,28 +129,36 @@ def run_chain(cfg: MfuConfig, ops, x_bits, lanes_last: int, vrfs: MfuVrfs) -> Ch
     if not isinstance(vrfs, MfuVrfs) or vrfs.cfg != cfg:
         raise TypeError(f"vrfs must be the MfuVrfs of this cfg, not {vrfs!r}")
     _check_addrs(cfg, placed, length)
-    overflow, nan_created = [], []
-    for m, mfu_ops in enumerate(placed):
-        ovf = nanc = 0
-        for op in mfu_ops:
-            if op.unit in _VRF_UNITS:
-                b = vrfs.bank(m, VrfBank(op.unit.value))[op.addr:op.addr + length]
-                events = binary_events_bits(op.op, x, b)
-                x = binary_bits(op.op, x, b)
-                ovf += int(events.overflow.sum())
-                nanc += int(events.nan_created.sum())
-            elif op.unit is MfuUnit.ACT:
-                o, c = unary_events(op.op, x, ops=cfg.unary_ops)
-                x = unary_bits(op.op, x, ops=cfg.unary_ops)
-                ovf += int(o.sum())
-                nanc += int(c.sum())
-            else:
-                x, o, c = reduce_vectors_bits(op.op, x, lanes_last)
-                ovf += o
-                nanc += c
-        overflow.append(ovf)
-        nan_created.append(nanc)
+    steps = [(m, op, op.addr) for m, mfu_ops in enumerate(placed) for op in mfu_ops]
+    x, overflow, nan_created = run_steps(steps, x, lanes_last, vrfs, cfg.unary_ops, cfg.mfus)
     return ChainResult(x, tuple(overflow), tuple(nan_created))
+
+
+def run_steps(steps, x, lanes_last: int, vrfs: MfuVrfs, unary_ops, mfus: int):
+    """The ops of a checked chain (what :func:`run_chain` does after its checks; the model
+    calls it with the plan it checked): ``steps`` is ``(mfu, op, addr)`` in chain order
+    (``addr`` the VRF address of a vv op, else unused), ``x`` uint16 ``(L, n)``.
+    Returns ``(out, overflow, nan_created)``, the last two lists of ``mfus`` ints.
+
+    The units' outputs and events come from :func:`host.numerics.fp16.binary_counts_bits`
+    and :func:`host.numerics.unary.unary_counts`, the fast forms of ``binary_bits`` /
+    ``binary_events_bits`` and ``unary_bits`` / ``unary_events`` (tested equal to them).
+    """
+    length = len(x)
+    overflow = [0] * mfus
+    nan_created = [0] * mfus
+    for m, op, addr in steps:
+        unit = op.unit
+        if unit is MfuUnit.ADDSUB or unit is MfuUnit.MUL:
+            bank = (vrfs.addsub if unit is MfuUnit.ADDSUB else vrfs.mul)[m]
+            x, o, c = binary_counts_bits(op.op, x, bank[addr:addr + length])
+        elif unit is MfuUnit.ACT:
+            x, o, c = unary_counts(op.op, x, ops=unary_ops)
+        else:
+            x, o, c = reduce_vectors_bits(op.op, x, lanes_last)
+        overflow[m] += o
+        nan_created[m] += c
+    return x, overflow, nan_created
 
 
 class MfuCounters:

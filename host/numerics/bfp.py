@@ -359,6 +359,8 @@ def _quantize_blocks(src: np.ndarray, n: int, m: int, rounding: Rounding, exps):
     ``exps`` is None (dynamic) or the int32 exponents, one per block."""
     count = src.shape[0]
     magic_of, threshold_of, clamp_of, half_of, slow_k_of = _code_tables(m)
+    top = mantissa_max(m)
+    int16_clamp = exps is None and m < 16
     exponents = np.empty(count, np.int16)
     q = np.empty((count, n), np.int16)
     saturations = np.zeros(count, np.int64)
@@ -390,11 +392,15 @@ def _quantize_blocks(src: np.ndarray, n: int, m: int, rounding: Rounding, exps):
         if any_slow:
             # Saturating blocks: count |x| >= (top + 1/2) * 2**-k, then clamp to
             # +-top * 2**-k before rounding (rounding commutes with clamping to integers).
+            # With the dynamic exponent |x| < 2**(e+1), so |x * 2**k| < 2**(m-1): the
+            # rounding gives at most top + 1 (an int16 below 16 bits), and the clamp is
+            # done on the int16 mantissas instead (half the bytes, in their final layout).
             over = np.greater_equal(bits, threshold, out=over_buf[:, :b1 - b0])
             saturations[b0:b1] = np.add.reduce(over.view(np.uint8), axis=0, dtype=count_dtype)
-            clamp = np.take(clamp_of, codes)
-            np.minimum(xt, clamp, out=xt)
-            np.maximum(xt, -clamp, out=xt)
+            if not int16_clamp:
+                clamp = np.take(clamp_of, codes)
+                np.minimum(xt, clamp, out=xt)
+                np.maximum(xt, -clamp, out=xt)
         magic = np.take(magic_of, codes)
         # (Blocks without a finite magic number may overflow here; they are redone below.)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -408,6 +414,8 @@ def _quantize_blocks(src: np.ndarray, n: int, m: int, rounding: Rounding, exps):
             else:
                 t = np.add(xt, magic, out=xt)
         q[b0:b1] = t.view(np.int16)[:, low::2].T
+        if any_slow and int16_clamp:
+            np.clip(q[b0:b1], -top, top, out=q[b0:b1])
         if any_slow:
             rare = np.flatnonzero(slow & np.take(slow_k_of, codes))
             if rare.size:                       # no finite magic number: the reference

@@ -40,7 +40,7 @@ from host.spec.ops import BinaryOp
 
 __all__ = [
     "BinaryOp", "BinaryEvents", "CANONICAL_NAN", "binary", "binary_bits", "binary_events",
-    "binary_events_bits",
+    "binary_events_bits", "binary_counts_bits",
 ]
 
 _SIGN = 0x8000
@@ -176,6 +176,73 @@ def binary_events_bits(op, a, b) -> BinaryEvents:
     a, b = _operands(a, b, np.uint16)
     _, overflow, nan_created = _evaluate(op, a, b)
     return BinaryEvents(overflow, nan_created)
+
+
+#: Elements per piece of a large :func:`binary_counts_bits` (float64 scratch in cache).
+_CHUNK = 8192
+
+
+def _chunked(op, a, b):
+    """The rounded results of :func:`_evaluate`'s arithmetic for large operands, a piece
+    at a time in two reused float64 buffers (the same operations, element by element;
+    fresh full-size temporaries cost more than the arithmetic)."""
+    af, bf = a.reshape(-1), b.reshape(-1)
+    r = np.empty(af.shape, np.uint16)
+    x, y = np.empty(_CHUNK), np.empty(_CHUNK)
+    with np.errstate(all="ignore"):       # inf - inf, 0 * inf, overflow in the cast
+        for s in range(0, af.size, _CHUNK):
+            m = min(_CHUNK, af.size - s)
+            xs, ys = x[:m], y[:m]
+            np.copyto(xs, af[s:s + m].view(np.float16))
+            np.copyto(ys, bf[s:s + m].view(np.float16))
+            if op is BinaryOp.ADD:
+                np.add(xs, ys, out=xs)
+            elif op is BinaryOp.A_SUB_B:
+                np.subtract(xs, ys, out=xs)
+            elif op is BinaryOp.B_SUB_A:
+                np.subtract(ys, xs, out=xs)
+            else:
+                np.multiply(xs, ys, out=xs)
+            np.copyto(r[s:s + m].view(np.float16), xs, casting="same_kind")
+    return r.reshape(a.shape)
+
+
+def binary_counts_bits(op, a, b) -> tuple[np.ndarray, int, int]:
+    """``(binary_bits, overflow count, NaN-created count)`` of ``op(a, b)``: what an MFU
+    unit outputs and adds to its counters, in one pass (the model and the exported
+    layers use it). Arguments and errors as in :func:`binary_bits`.
+
+    Equal to :func:`binary_bits` with :func:`binary_events_bits` summed: when no rounded
+    result has the all-ones exponent field (no infinity, no NaN) there is no NaN to make
+    canonical and neither event can hold, so the rest of :func:`_evaluate` is skipped;
+    otherwise it runs as written. Large operands are converted and rounded a piece at a
+    time (:func:`_chunked`), the same operations on each element.
+    """
+    op = BinaryOp.parse(op)
+    if not (type(a) is np.ndarray and type(b) is np.ndarray and a.dtype == np.uint16
+            and b.dtype == np.uint16 and a.shape == b.shape):
+        a, b = _operands(a, b, np.uint16)
+    if op is not BinaryOp.MAX and a.size >= 2 * _CHUNK:
+        r = _chunked(op, a, b)
+        if not (np.bitwise_and(r, _INF) == _INF).any():
+            return r, 0, 0
+    elif op is not BinaryOp.MAX:
+        x = a.view(np.float16).astype(np.float64)
+        y = b.view(np.float16).astype(np.float64)
+        with np.errstate(all="ignore"):       # inf - inf, 0 * inf, overflow in the cast
+            if op is BinaryOp.ADD:
+                exact = np.add(x, y, out=x)
+            elif op is BinaryOp.A_SUB_B:
+                exact = np.subtract(x, y, out=x)
+            elif op is BinaryOp.B_SUB_A:
+                exact = np.subtract(y, x, out=x)
+            else:
+                exact = np.multiply(x, y, out=x)
+            r = exact.astype(np.float16).view(np.uint16)
+        if not (np.bitwise_and(r, _INF) == _INF).any():
+            return r, 0, 0
+    r, overflow, nan_created = _evaluate(op, a, b)
+    return r, int(overflow.sum()), int(nan_created.sum())
 
 
 def binary_events(op, a, b) -> BinaryEvents:

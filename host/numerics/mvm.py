@@ -7,6 +7,7 @@ elsewhere.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -16,8 +17,8 @@ import numpy as np
 
 from host.numerics import bfp
 from host.spec.formats import (
-    E8M0_BIAS, FP16_MAX_BITS, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN, MVM_EXP_EXACT_MIN,
-    MVM_EXP_MAX, Rounding, check_int,
+    E8M0_BIAS, EXP_MAX, FP16_MAX_BITS, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN,
+    MVM_EXP_EXACT_MIN, MVM_EXP_MAX, ZERO_BLOCK_EXP, Rounding, check_int, mantissa_max,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "fixed_to_fp16", "acc_lsb", "term_exponents", "tile_products", "accumulate",
     "NarrowCounts", "narrow_overflows", "MvmResult", "mvm",
     "fixed_to_fp16_exact", "accumulate_exact", "narrow_overflows_exact", "mvm_exact",
+    "PreparedWeights", "prepare_weights",
 ]
 
 
@@ -126,11 +128,106 @@ def quantize_fp16(bits, mantissa_bits: int, rounding=Rounding.NEAREST_EVEN,
     Non-finite inputs follow the device rule: NaN is 0, +-inf is +-65504, and each is
     counted in ``nonfinite``.
     """
+    return _quantize_values(bits, mantissa_bits, rounding, static_exponent_code)[0]
+
+
+def _quantize_values(bits, mantissa_bits, rounding, static_exponent_code):
+    """:func:`quantize_fp16` and, when its fast form ran, the dequantized values
+    ``q * 2**(e - (m - 2))`` as float64 (else None)."""
     m = check_int("mantissa_bits", mantissa_bits, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
     rounding = Rounding.parse(rounding)
     bits = np.asarray(bits)
     if bits.dtype != np.uint16:
         raise TypeError(f"bits must be a uint16 array of FP16 patterns, not {bits.dtype}")
+    if static_exponent_code is not None:
+        check_int("static_exponent_code", static_exponent_code, 0, 255)
+    fast = _quantize_fp16_f64(bits, m, rounding, static_exponent_code)
+    if fast is not None:
+        return fast
+    return _quantize_fp16_bfp(bits, m, rounding, static_exponent_code), None
+
+
+def _quantize_fp16_f64(bits, m: int, rounding: Rounding, static_exponent_code):
+    """The fast form of :func:`_quantize_fp16_bfp` (equal to it, tested in
+    ``tests/numerics/test_quantize_fp16_fast.py``) for finite inputs, with the
+    dequantized values (float64, exact); None when ``bits`` holds an inf or NaN, or no
+    blocks.
+
+    Every FP16 value is exact in float64, and so is ``x * 2**(m - 2 - e)`` for any block
+    exponent ``e`` from -127 to 127 (a power of two times it stays a normal float64), so
+    ``rint`` (ties to even) and the tie test of nearest-away see the exact value, as
+    :func:`host.numerics.bfp.quantize` does in float32 (where the scaled values the
+    rounding can tell apart, those of magnitude 2**-2 or more, are exact too). The
+    dynamic exponent is ``floor(log2(max |x|))`` of the block, read exactly by
+    ``frexp``, and -127 for a zero block (the float32 exponent field bfp reads: FP16
+    values are normal float32 numbers). A static code 0xFF scales as 127, as there.
+    """
+    if bits.size == 0 or bits.shape[-1] == 0:
+        return None
+    mag = np.bitwise_and(bits, 0x7FFF)
+    amax = _block_max(mag) if mag.size > 1024 else mag.max(-1)  # |x| bits per block
+    if int(amax.max()) >= 0x7C00:                                 # inf or NaN
+        return None
+    if static_exponent_code is None:
+        e = np.frexp(amax.view(np.float16).astype(np.float64))[1] - 1
+        e = np.where(amax == 0, ZERO_BLOCK_EXP, e)
+        codes = (e + E8M0_BIAS).astype(np.uint8)
+        nzb = amax != 0         # the largest |x| of a block rounds to 2**(m-2) or more
+    else:
+        code = int(static_exponent_code)
+        e = np.full(amax.shape, min(code - E8M0_BIAS, EXP_MAX), np.int64)
+        codes = np.full(amax.shape, code, np.uint8)
+        nzb = None
+    grid = e - (m - 2)
+    top = mantissa_max(m)
+    blocks = bits.reshape(-1, bits.shape[-1])
+    n = blocks.shape[1]
+    # Multiplying by a power of two is exact here (2**-153 .. 2**141 times an FP16 value
+    # stays a normal float64), and much faster than ldexp with an integer array.
+    down = np.ldexp(1.0, -grid).reshape(-1, 1)
+    up = np.ldexp(1.0, grid).reshape(-1, 1)
+    q = np.empty(blocks.shape, np.int16)
+    # The dequantized values, the mantissas scaled back, as float32: exact, for |q| <
+    # 2**15 and the grid exponent from -141 to 15 (multiples of 2**-149 below 2**31).
+    values = np.empty(blocks.shape, np.float32)
+    saturated = np.zeros(len(blocks), np.int64)
+    # A piece of blocks at a time through one float64 buffer (a large batch would
+    # otherwise make several fresh full-size temporaries; the arithmetic is per element).
+    step = max(1, _QUANTIZE_PIECE // n)
+    buf = np.empty((min(step, len(blocks)), n))
+    for b0 in range(0, len(blocks), step):
+        b1 = min(len(blocks), b0 + step)
+        xs = buf[:b1 - b0]
+        np.copyto(xs, blocks[b0:b1].view(np.float16))
+        np.multiply(xs, down[b0:b1], out=xs)
+        if rounding is Rounding.NEAREST_EVEN:
+            np.rint(xs, out=xs)
+        else:
+            whole = np.trunc(xs)
+            xs[...] = whole + np.copysign(np.abs(xs - whole) >= 0.5, xs)
+        over = (xs > top) | (xs < -top)
+        if over.any():
+            np.clip(xs, -top, top, out=xs)
+            saturated[b0:b1] = _block_count(over)
+        np.copyto(q[b0:b1], xs, casting="unsafe")          # integers up to top: exact
+        np.multiply(xs, up[b0:b1], out=values[b0:b1], casting="same_kind")
+    q, values = q.reshape(bits.shape), values.reshape(bits.shape)
+    if nzb is None:
+        nzb = _block_any(q)
+    # Also the grid exponent of each block (e - (m - 2); e = 127 for the static code 0xFF,
+    # which the MVM refuses) and which blocks have a non-zero mantissa.
+    return (QuantizedBlocks(codes, q, saturated.reshape(amax.shape),
+                            np.zeros(amax.shape, np.int64)), (values, grid, nzb))
+
+
+#: Elements per piece of the fast quantizer: its float64 scratch is at most 2 MiB (one
+#: piece for the MVM's inputs; smaller pieces measured slower there).
+_QUANTIZE_PIECE = 1 << 18
+
+
+def _quantize_fp16_bfp(bits, m: int, rounding: Rounding, static_exponent_code):
+    """:func:`quantize_fp16` through :func:`host.numerics.bfp.quantize`: the definition
+    (and the path for inf and NaN); arguments checked by the caller."""
     x = bits.view(np.float16)
     n = x.shape[-1]
     if static_exponent_code is None:
@@ -755,9 +852,311 @@ def _stack_results(results, batch) -> MvmResult:
         output_saturated=stack([r.output_saturated for r in results], np.int64))
 
 
+# --- the float64 matrix product ----------------------------------------------------------
+#
+# Write the dequantized operands X[b, c*n + j] = qv[b, c, j] * 2**(e_v[b, c] - (m_v - 2))
+# and W[i, c*n + j] = qw[i, c, j] * 2**(e_w[i, c] - (m_w - 2)) as float64 (exact: a
+# mantissa below 2**31 times a power of two from 2**-160 to 2**15). Every product
+# X[b, .] * W[i, .] is then qv * qw * 2**E with E the tile product exponent, and
+# sum_c d[b, i, c] * 2**E[b, i, c] is the accumulator A * 2**lsb when no term is floored.
+# Let lo_x[b] be the smallest e_v - (m_v - 2) of the row's non-zero blocks and
+# lo_w[i] likewise, g = lo_x[b] + lo_w[i]; every product is an integer multiple of 2**g.
+# Let |X[b, .]| < 2**hi_x[b] and |W[i, .]| < 2**hi_w[i] (frexp of the row maxima, exact).
+# Any partial sum of the K = C * n products, in any order, with or without fused
+# multiply-adds, is a multiple of 2**g of magnitude below K * 2**(hi_x + hi_w); when
+#     ceil(log2 K) + hi_x[b] + hi_w[i] - lo_x[b] - lo_w[i] <= 53
+# it is below 2**(53 + g), so representable, and the float64 matrix product (BLAS) is
+# exact. When also g >= lsb (every non-zero term's exponent is at least lsb, so nothing
+# is floored) the product is exactly A * 2**lsb; the cast to float16 rounds it once to
+# nearest even (as _f64_to_fp16 uses; + 0.0 makes an exact zero +0 as the definition
+# does). An all-zero row of X or W gives an exact 0 whatever the bound.
+# Cross-tile events: after a tile c with d != 0 (so E_c >= g) the running sum, a partial
+# sum, in units of 2**E_c is at most 2**53 in magnitude once floored, which fits k bits
+# for k >= 55 (_FLOAT_K_MIN); smaller k take the int64 path. Rows (b, i) outside the
+# bound take the int64 / Python-integer path above, those batch vectors only.
+
+_FLOAT_K_MIN = 55
+_FLOAT_BITS = 53
+#: Weight mantissas at most this large (in magnitude) may take the float64 product.
+_FLOAT_QW_MAX = 1 << 31
+
+
+def _block_any(q: np.ndarray) -> np.ndarray:
+    """``q.any(-1)`` for an integer array: through 64-bit words when the blocks are whole
+    words (a short-axis reduction is slow in NumPy)."""
+    n = q.shape[-1]
+    if not (q.flags.c_contiguous and q.size and (n * q.itemsize) % 8 == 0):
+        return q.any(-1)
+    words = q.reshape(-1, n).view(np.uint64)
+    acc = words[:, 0].copy()
+    for j in range(1, words.shape[1]):
+        acc |= words[:, j]
+    return (acc != 0).reshape(q.shape[:-1])
+
+
+def _block_count(mask: np.ndarray) -> np.ndarray:
+    """``mask.sum(-1)`` (int64) of a bool array: 8 lanes at a time when the blocks are
+    whole 64-bit words, each word's bytes (0 or 1) summed into its top byte by one
+    multiplication (at most 8, no carry between bytes)."""
+    n = mask.shape[-1]
+    if not (mask.flags.c_contiguous and mask.size and n % 8 == 0):
+        return mask.sum(-1, dtype=np.int64)
+    words = mask.reshape(-1, n).view(np.uint64) * np.uint64(0x0101010101010101)
+    acc = (words[:, 0] >> np.uint64(56)).astype(np.int64)
+    for j in range(1, words.shape[1]):
+        acc += (words[:, j] >> np.uint64(56)).astype(np.int64)
+    return acc.reshape(mask.shape[:-1])
+
+
+def _block_max(a: np.ndarray) -> np.ndarray:
+    """``a.max(-1)`` (the last axis short): over a transposed copy, whose rows the
+    reduction takes as long vectors."""
+    n = a.shape[-1]
+    if a.size == 0 or n < 4:
+        return a.max(-1)
+    return np.maximum.reduce(np.ascontiguousarray(a.reshape(-1, n).T), axis=0).reshape(
+        a.shape[:-1])
+
+
+class PreparedWeights(NamedTuple):
+    """A product's weight operands in the form the float64 path of :func:`mvm` uses
+    (:func:`prepare_weights`); pass it as ``mvm(..., prepared=...)`` when one matrix is
+    used many times. ``usable`` is False for mantissas beyond the float64 path."""
+    usable: bool
+    wt: np.ndarray          # float64 (C * n, rows): W transposed (a view)
+    hi: np.ndarray          # int64 (rows,): |W[i, .]| < 2**hi[i]
+    lo: np.ndarray          # int64 (rows,): grid exponent of row i's non-zero blocks
+    zero: np.ndarray        # bool (rows,): row i is all zero
+    e_max: int              # largest weight block exponent (checked against 15)
+    span_max: int           # max of hi - lo over the non-zero rows (0 without any)
+    lo_min: int             # min of lo over the non-zero rows (0 without any)
+    wt32: np.ndarray        # float32 (C * n, rows): wt, exact where span_max <= 24 - ...
+
+
+def prepare_weights(codes_w, qw, *, n: int, mantissa_bits_w: int) -> PreparedWeights:
+    """The float64 form of the weight operands ``codes_w`` ``(rows, C)`` and ``qw``
+    ``(rows, C * n)`` (see the comment above :class:`PreparedWeights`)."""
+    qw = np.asarray(qw)
+    codes = np.asarray(codes_w)
+    rows, width = qw.shape
+    c = width // n
+    ew = codes.astype(np.int64) - E8M0_BIAS
+    e_max = int(ew.max()) if ew.size else -E8M0_BIAS
+    if qw.dtype.kind not in "biu" or _mag_bound(qw) >= _FLOAT_QW_MAX or not c:
+        empty = np.zeros(0)
+        return PreparedWeights(False, empty, empty, empty, empty, e_max, 0, 0, empty)
+    q3 = qw.reshape(rows, c, n)
+    grid = ew - (mantissa_bits_w - 2)                           # (rows, C)
+    w = (q3 * np.ldexp(1.0, grid)[..., None]).reshape(rows, width)
+    nzb = _block_any(q3)                                        # (rows, C)
+    zero = ~nzb.any(-1)
+    lo = np.where(zero, 0, np.where(nzb, grid, 1 << 20).min(-1)).astype(np.int64)
+    # |q| <= qmag < 2**bits, so |W[i, .]| < 2**(bits + the row's largest grid exponent).
+    qmag = max(int(q3.max()), -int(q3.min()))
+    hi = np.where(zero, 0, np.where(nzb, grid, -(1 << 20)).max(-1)
+                  + qmag.bit_length()).astype(np.int64)
+    live = ~zero
+    span_max = int((hi - lo)[live].max()) if live.any() else 0
+    lo_min = int(lo[live].min()) if live.any() else 0
+    # The matrix product takes the transposed view (BLAS reads it in place). The float32
+    # copy is exact when the row's values need at most 24 bits (the batch path checks
+    # span_max; a grid exponent of -141 or more keeps them in float32's range).
+    return PreparedWeights(True, w.T, hi, lo, zero, e_max, span_max, lo_min,
+                           w.astype(np.float32).T)
+
+
+#: float32's significand; below it the batched product may run in float32 (same bound).
+_FLOAT32_BITS = 24
+#: Batches from this many vectors use the float32 product where it is exact (one vector
+#: does too, when it is).
+_FLOAT32_BATCH = 8
+
+
+def _float_product(qb, xq, pw: PreparedWeights, mantissa_bits_v: int, lsb: int):
+    """``(y, fast)``: the products ``(B, rows)`` of the quantized vectors ``qb``
+    (``(B, C, n)`` blocks; ``xq`` their ``(values, grid, nzb)`` from the fast quantizer,
+    or None) with the prepared weights, float64 or float32 and exact where ``fast`` says
+    (``fast`` is None when they all are).
+
+    The bound of the comment above :class:`PreparedWeights` with 24 in place of 53 makes
+    every partial sum exact in float32 too (products included: they are partial sums of
+    one term). A batch runs its vectors within that bound for every weight row through
+    a float32 matrix product (half the work of float64), the others in float64.
+    """
+    qv = qb.mantissas
+    bsz, c, n = qv.shape
+    if xq is None:
+        grid = qb.exponent_codes.astype(np.int64) - (E8M0_BIAS + mantissa_bits_v - 2)
+        x, nzb = qv * np.ldexp(1.0, grid)[..., None], _block_any(qv)
+    else:
+        x, grid, nzb = xq
+    x = x.reshape(bsz, c * n)
+    # |qv| <= 2**(m_v - 1) - 1, so |X[b, .]| < 2**hi with hi the largest grid exponent of
+    # the row's non-zero blocks plus m_v - 1.
+    big = 1 << 20
+    lo = np.where(nzb, grid, big).min(-1)
+    hi = np.where(nzb, grid, -big).max(-1) + (mantissa_bits_v - 1)
+    kbits = (c * n - 1).bit_length()
+    budget = _FLOAT_BITS - kbits
+    x32 = x.astype(np.float32, copy=False)         # exact (see _quantize_fp16_f64)
+    if bsz == 1:                        # one vector: the bound in Python integers
+        lo0, hi0 = int(lo[0]), int(hi[0])
+        if lo0 == big:
+            return np.matmul(x32, pw.wt32), None
+        if lo0 + pw.lo_min >= lsb:
+            if hi0 - lo0 + pw.span_max <= _FLOAT32_BITS - kbits:
+                return np.matmul(x32, pw.wt32), None
+            if hi0 - lo0 + pw.span_max <= budget:
+                return np.matmul(x.astype(np.float64), pw.wt), None
+    zero = lo == big
+    live = ~zero
+    span = hi - lo
+    if bsz >= _FLOAT32_BATCH:
+        single = zero | ((span + pw.span_max <= _FLOAT32_BITS - kbits)
+                         & (lo + pw.lo_min >= lsb))
+        if single.all():
+            return np.matmul(x32, pw.wt32), None
+        y = np.matmul(x.astype(np.float64), pw.wt)
+        if single.any():
+            y[single] = np.matmul(x32[single], pw.wt32)
+    else:
+        y = np.matmul(x.astype(np.float64), pw.wt)
+    if not live.any():
+        return y, None
+    lo_live = lo[live]
+    if int(span[live].max()) + pw.span_max <= budget and \
+            int(lo_live.min()) + pw.lo_min >= lsb:
+        return y, None
+    fast = (((span[:, None] + (pw.hi - pw.lo)[None, :] <= budget)
+             & (lo[:, None] + pw.lo[None, :] >= lsb))
+            | zero[:, None] | pw.zero[None, :])
+    return y, fast
+
+
+def _y_to_fp16(y):
+    """Exact float64 (or float32) accumulator values to FP16, nearest even, saturating
+    (the MVM's converter; see the comment above :class:`PreparedWeights`: NumPy's casts
+    to float16 round once, to nearest even, subnormals and overflow included)."""
+    y += 0                            # -0 to +0 (y is the caller's scratch)
+    if y.size and float(y.max()) < 65520 and float(y.min()) > -65520:
+        # Below 65520 in magnitude nothing rounds to an infinity (65520 is half-way
+        # from 65504 to 2**16 and ties go to 2**16).
+        return y.astype(np.float16).view(np.uint16), np.zeros(y.shape, bool)
+    with np.errstate(over="ignore"):
+        bits = y.astype(np.float16).view(np.uint16)
+    over = (bits & 0x7FFF) == 0x7C00
+    if over.any():
+        bits = bits - over.astype(np.uint16)          # +-inf to +-65504
+    return bits, over
+
+
+def _y_to_accumulators(y, lsb: int):
+    """The exact integers ``y * 2**-lsb`` (``object``) of exact float64 values."""
+    mant, e = np.frexp(np.asarray(y, np.float64))
+    m = np.ldexp(mant, _FLOAT_BITS).astype(np.int64).astype(object)
+    s = e.astype(np.int64) - _FLOAT_BITS - lsb
+    # y * 2**-lsb is an integer, so the right shift drops only zero bits.
+    return (m << np.maximum(s, 0).astype(object)) >> np.maximum(-s, 0).astype(object)
+
+
+def _mvm_int(qb, codes_w, qw3, lsb: int, k, accumulators: bool, mantissa_bits_v: int,
+             mantissa_bits_w: int):
+    """The int64 path (Python integers for rows beyond its bound) of a batch of
+    quantized vectors: ``(out, over, acc, products, tree, cross)``, per vector ``(B, ...)``."""
+    exps = term_exponents(qb.exponent_codes, codes_w, mantissa_bits_v, mantissa_bits_w)
+    d = _tile_products_batch(qb.mantissas, qw3)                  # (B, rows, C)
+    sh = exps - lsb
+    terms, a, s, fast, nz = _fast_rows(d, sh)
+    slow = ~fast
+    acc = None
+    if accumulators:
+        acc = _as_accumulators(a, s, fast, d, exps, lsb)
+    elif slow.any():                     # the exact values of the slow rows only
+        acc = np.empty(a.shape, object)
+        acc[slow] = accumulate_exact(d[slow], exps[slow], lsb)
+    if not slow.any():
+        out, over = _i64_to_fp16(a, lsb + s, False, True)
+    else:
+        out = np.empty(a.shape, np.uint16)
+        over = np.empty(a.shape, bool)
+        out[fast], over[fast] = _i64_to_fp16(a[fast], lsb + s[fast], False, True)
+        out[slow], over[slow] = fixed_to_fp16_exact(acc[slow], lsb, Rounding.NEAREST_EVEN,
+                                                    saturate=True)
+    if k is None:                        # no check built: nothing to count
+        products = tree = cross = np.zeros(len(d), np.int64)
+    else:
+        products, tree = _tree_counts(qb.mantissas, qw3, k)
+        cross = _cross_counts(terms, s, fast, nz, d, sh, k).sum(-1)
+    return out, over, acc, products, tree, cross
+
+
+def _mvm_one(xv, pw: PreparedWeights, mantissa_bits_v: int, lsb: int):
+    """One vector ``xv`` ``(C, n)`` (finite or not) with the dynamic exponent and
+    nearest-even rounding, on the float path with few NumPy calls (the model's case):
+    ``(out_bits (rows,), output saturations, vector saturations)``, or None when the
+    vector needs anything else (an inf or NaN, a row beyond the bound, weights the float
+    path does not take or the MVM refuses), which :func:`mvm` then does in full.
+
+    The same arithmetic as :func:`_quantize_fp16_f64` and :func:`_float_product`: the
+    block exponent ``floor(log2 max|x|)`` read from the largest magnitude's bits (FP16
+    exponent field minus 15, or ``bit_length - 25`` for a subnormal), the mantissas
+    ``rint(x * 2**-grid)`` clamped to the top code and counted, the dequantized values
+    ``q * 2**grid`` (exact in float32), the bound and the product, the cast to FP16.
+    ``tests/numerics/test_mvm_float_path.py`` compares it with :func:`mvm_exact`.
+    """
+    if not pw.usable or pw.e_max > MVM_EXP_MAX:
+        return None
+    c, n = xv.shape
+    amax = np.bitwise_and(xv, 0x7FFF).max(-1).tolist()
+    if max(amax) >= 0x7C00:
+        return None
+    grids = [((v >> 10) - 15 if v >= 0x400 else v.bit_length() - 25) - (mantissa_bits_v - 2)
+             if v else None for v in amax]
+    live = [g for g in grids if g is not None]
+    kbits = (c * n - 1).bit_length()
+    if live:
+        lo, hi = min(live), max(live) + (mantissa_bits_v - 1)
+        if lo + pw.lo_min < lsb:
+            return None
+        span = hi - lo + pw.span_max
+        if span <= _FLOAT32_BITS - kbits:
+            wt, dtype = pw.wt32, np.float32
+        elif span <= _FLOAT_BITS - kbits:
+            wt, dtype = pw.wt, np.float64
+        else:
+            return None
+    else:
+        wt, dtype = pw.wt32, np.float32
+    # A zero block's scale is 1 (its values are 0 whatever the scale).
+    down = np.array([1.0 if g is None else 2.0 ** -g for g in grids])[:, None]
+    x = xv.view(np.float16).astype(np.float64)
+    np.multiply(x, down, out=x)
+    np.rint(x, out=x)
+    top = mantissa_max(mantissa_bits_v)
+    saturated = 0
+    if float(np.abs(x).max()) > top:
+        saturated = int(np.count_nonzero(np.abs(x) > top))
+        np.clip(x, -top, top, out=x)
+    np.divide(x, down, out=x)                     # q * 2**grid, exact
+    y = np.matmul(x.reshape(1, c * n).astype(dtype), wt)[0]
+    out, over = _y_to_fp16(y)
+    return out, int(np.count_nonzero(over)), saturated
+
+
+def _check_block_exponents(codes_v, e_max_w: int) -> None:
+    """:func:`term_exponents`'s check, vector first: ValueError above 15."""
+    if codes_v.size and int(codes_v.max()) - E8M0_BIAS > MVM_EXP_MAX:
+        raise ValueError(f"vector block exponent {int(codes_v.max()) - E8M0_BIAS} exceeds "
+                         f"{MVM_EXP_MAX}, the largest the MVM accepts")
+    if e_max_w > MVM_EXP_MAX:
+        raise ValueError(f"weight block exponent {e_max_w} exceeds {MVM_EXP_MAX}, the "
+                         f"largest the MVM accepts")
+
+
 def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
         rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
-        narrow_width: int | None = 64, accumulators: bool = True) -> MvmResult:
+        narrow_width: int | None = 64, accumulators: bool = True,
+        prepared: PreparedWeights | None = None) -> MvmResult:
     """Matrix-vector product of the NPU's MVM, bit-exact (the fast form of
     :func:`mvm_exact`, equal to it in every output, accumulator and count).
 
@@ -778,6 +1177,9 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         False leaves ``MvmResult.accumulators`` None: the exact BFP-long values are
         Python integers, costly to build, and the device's outputs and counts do not
         need them (the model and the exported layers pass False).
+    prepared : PreparedWeights, optional
+        :func:`prepare_weights` of these ``codes_w`` and ``qw`` (the caller keeps it with
+        them), to save that work when one matrix is used for many products.
 
     Returns
     -------
@@ -785,6 +1187,10 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         For a batch ``(..., cols)``: ``out_bits`` and ``accumulators`` are ``(..., rows)``
         and every count (the three of ``narrow`` included) an int64 array ``(...)``, one
         per vector.
+
+    The products are one float64 matrix product where it is provably exact (the bound in
+    the comment above :class:`PreparedWeights`; k >= 55 or no check), the int64 tile
+    sums of :func:`accumulate` elsewhere.
     """
     x_bits = np.asarray(x_bits, np.uint16)
     if x_bits.ndim == 0:
@@ -793,15 +1199,28 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     rows, width, c = _matrix_shape(x_bits, codes_w, qw, n)
     k = None if narrow_width is None else check_int("k", narrow_width, 1, 64)
     batch = x_bits.shape[:-1]
-    xv = np.zeros((int(np.prod(batch)), c * n), np.uint16)
-    xv[:, :x_bits.shape[-1]] = x_bits.reshape(-1, x_bits.shape[-1])
-    xv = xv.reshape(-1, c, n)
-    qb = quantize_fp16(xv, mantissa_bits_v, rounding, static_exponent_code)
-    exps = term_exponents(qb.exponent_codes, codes_w, mantissa_bits_v, mantissa_bits_w)
+    if x_bits.shape[-1] == c * n:
+        xv = x_bits.reshape(-1, c, n)
+    else:
+        xv = np.zeros((math.prod(batch), c * n), np.uint16)
+        xv[:, :x_bits.shape[-1]] = x_bits.reshape(-1, x_bits.shape[-1])
+        xv = xv.reshape(-1, c, n)
     lsb = acc_lsb(mantissa_bits_v, mantissa_bits_w)
+    if (batch == () and prepared is not None and not accumulators
+            and static_exponent_code is None and (k is None or k >= _FLOAT_K_MIN)
+            and Rounding.parse(rounding) is Rounding.NEAREST_EVEN and qw.dtype.kind in "iu"):
+        check_int("mantissa_bits_v", mantissa_bits_v, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+        one = _mvm_one(xv[0], prepared, mantissa_bits_v, lsb)
+        if one is not None:
+            out, over_count, saturated = one
+            return MvmResult(out_bits=out, accumulators=None, lsb=lsb,
+                             vector_saturated=saturated, vector_nonfinite=0,
+                             narrow=NarrowCounts(0, 0, 0), output_saturated=over_count)
+    qb, xd = _quantize_values(xv, mantissa_bits_v, rounding, static_exponent_code)
     qw3 = qw.reshape(rows, c, n)
     if qw3.dtype.kind not in "biu" or n * _mag_bound(qb.mantissas) * _mag_bound(qw3) >= 1 << 62:
         # Weight "mantissas" far beyond 16 bits (not what an MRF holds): the definition.
+        term_exponents(qb.exponent_codes, codes_w, mantissa_bits_v, mantissa_bits_w)
         kw = dict(n=n, mantissa_bits_v=mantissa_bits_v, mantissa_bits_w=mantissa_bits_w,
                   rounding=rounding, static_exponent_code=static_exponent_code,
                   narrow_width=narrow_width)
@@ -809,28 +1228,33 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
             return mvm_exact(x_bits, codes_w, qw, **kw)
         return _stack_results([mvm_exact(x, codes_w, qw, **kw)
                                for x in x_bits.reshape(-1, x_bits.shape[-1])], batch)
-    d = _tile_products_batch(qb.mantissas, qw3)                  # (B, rows, C)
-    sh = exps - lsb
-    terms, a, s, fast, nz = _fast_rows(d, sh)
-    slow = ~fast
-    if accumulators:
-        acc = _as_accumulators(a, s, fast, d, exps, lsb)
-    elif slow.any():                     # the exact values of the slow rows only
-        acc = np.empty(a.shape, object)
-        acc[slow] = accumulate_exact(d[slow], exps[slow], lsb)
-    if not slow.any():
-        out, over = _i64_to_fp16(a, lsb + s, False, True)
+    pw = prepared
+    if pw is None and (k is None or k >= _FLOAT_K_MIN):
+        pw = prepare_weights(codes_w, qw, n=n, mantissa_bits_w=mantissa_bits_w)
+    if pw is None or not pw.usable or not (k is None or k >= _FLOAT_K_MIN):
+        term_exponents(qb.exponent_codes, codes_w, mantissa_bits_v, mantissa_bits_w)
+        out, over, acc, products, tree, cross = _mvm_int(
+            qb, codes_w, qw3, lsb, k, accumulators, mantissa_bits_v, mantissa_bits_w)
     else:
-        out = np.empty(a.shape, np.uint16)
-        over = np.empty(a.shape, bool)
-        out[fast], over[fast] = _i64_to_fp16(a[fast], lsb + s[fast], False, True)
-        out[slow], over[slow] = fixed_to_fp16_exact(acc[slow], lsb, Rounding.NEAREST_EVEN,
-                                                    saturate=True)
-    if k is None:                        # no check built: nothing to count
-        products = tree = cross = np.zeros(len(d), np.int64)
-    else:
-        products, tree = _tree_counts(qb.mantissas, qw3, k)
-        cross = _cross_counts(terms, s, fast, nz, d, sh, k).sum(-1)
+        _check_block_exponents(qb.exponent_codes, pw.e_max)
+        y, fast = _float_product(qb, xd, pw, mantissa_bits_v, lsb)
+        out, over = _y_to_fp16(y)
+        acc = _y_to_accumulators(y, lsb) if accumulators else None
+        # No event at k >= 55 on a vector whose rows are all within the bound: a product
+        # or adder-tree node is below n * 2**(m_v - 1) * 2**bits(max|qw|) <= 2**53 (the
+        # bound's span counts those bits), and cross-tile values are at most 2**53 (the
+        # comment above PreparedWeights). Other vectors are redone on the int path.
+        products = tree = cross = np.zeros(len(y), np.int64)
+        redo = None if fast is None else ~fast.all(-1)
+        if redo is not None and redo.any():      # vectors with a row beyond the bound
+            products, tree, cross = (np.zeros(len(y), np.int64) for _ in range(3))
+            sub = QuantizedBlocks(*(f[redo] for f in qb))
+            r_out, r_over, r_acc, r_p, r_t, r_c = _mvm_int(
+                sub, codes_w, qw3, lsb, k, accumulators, mantissa_bits_v, mantissa_bits_w)
+            out[redo], over[redo] = r_out, r_over
+            if accumulators:
+                acc[redo] = r_acc
+            products[redo], tree[redo], cross[redo] = r_p, r_t, r_c
     if batch == ():
         return MvmResult(
             out_bits=out[0], accumulators=acc[0] if accumulators else None, lsb=lsb,

@@ -30,7 +30,7 @@ from host.spec.formats import CANONICAL_NAN, FP16_BIAS, FP16_FRAC_BITS
 from host.spec.ops import TABLE_OPS, UnaryOp, parse_ops
 
 __all__ = [
-    "UnaryOp", "TABLE_OPS", "parse_ops", "unary", "unary_bits", "unary_events",
+    "UnaryOp", "TABLE_OPS", "parse_ops", "unary", "unary_bits", "unary_events", "unary_counts",
     "reference_values", "reference_bits", "ulp_distance", "ErrorReport", "measure_error",
     "LOG2E_FRAC_BITS", "LOG2E_INT", "T_FRAC_BITS", "T_INT_BITS", "T_CLAMP_EXP",
     "C0_FRAC_BITS", "C0_BITS", "C1_BITS", "DX_BITS", "ROM_WORD_BITS", "Y_BITS",
@@ -405,6 +405,41 @@ def unary_events(op, x_bits, *, ops=None) -> tuple[np.ndarray, np.ndarray]:
     """
     _, overflow, nan_created = _evaluate(op, x_bits, ops)
     return overflow, nan_created
+
+
+#: Every FP16 input's result and events, per ``(op, built ops)``: computed on first use.
+_TABLES = {}
+
+
+def _table(op, built):
+    """``(out, overflow, nan_created, any_overflow, any_nan)`` of ``op`` on the 65536
+    FP16 patterns in order (:func:`_evaluate`, the definition, run once)."""
+    key = (op, built)
+    table = _TABLES.get(key)
+    if table is None:
+        out, overflow, nan_created = _evaluate(op, np.arange(1 << 16, dtype=np.uint16), built)
+        table = _TABLES[key] = (out, overflow, nan_created, bool(overflow.any()),
+                                bool(nan_created.any()))
+    return table
+
+
+def unary_counts(op, x_bits, *, ops=None) -> tuple[np.ndarray, int, int]:
+    """``(unary_bits, overflow count, NaN-created count)`` of ``op`` on ``x_bits``.
+
+    The fast form of :func:`unary_bits` with :func:`unary_events` summed, for the model
+    and the exported layers: a uint16 input is looked up in the table of all 65536
+    patterns that the definition computed once (``tests/numerics/test_unary_model.py``
+    compares the two on every pattern); other integer inputs take the definition.
+    """
+    op = UnaryOp.parse(op)
+    built = parse_ops(ops)
+    a = np.asarray(x_bits)
+    if a.dtype != np.uint16:
+        out, overflow, nan_created = _evaluate(op, a, built)
+        return out, int(overflow.sum()), int(nan_created.sum())
+    out, overflow, nan_created, any_overflow, any_nan = _table(op, built)
+    return (out[a], int(overflow[a].sum()) if any_overflow else 0,
+            int(nan_created[a].sum()) if any_nan else 0)
 
 
 def unary(name_or_op, x, *, ops=None) -> np.ndarray:
