@@ -17,8 +17,13 @@ per-layer quantization settings (``node.attrs["quant"]`` of a ``Dense`` or ``Con
    image as raw MRF words) and the input's static exponent of least total squared error
    over the set, chosen only where it beats the dynamic exponent
    (:func:`~host.quant.calibrate.activation_exponent`); seed 002's activation offset
-   where it folds into biases at no device cost and lowers the error. ``method="max"``:
-   the device's max-based exponents (today's compile), recorded as such.
+   where it folds into biases at no device cost and lowers the error; then, layer by
+   layer in network order on the layer's inputs as the device computes them with the
+   settings of the layers before (:func:`quantized_activations`), the weight mantissas
+   of least output error and the bias corrected (``rounding="gptq"``, the default,
+   :mod:`host.quant.rounding`), written into the graph as FP16-exact weights so that the
+   compiler's MRF words are those mantissas. ``method="max"``: the device's max-based
+   exponents (today's compile), recorded as such.
 3. **Counts on a device** (the runtime's :class:`~host.runtime.device.Device`; default
    the reference model of the build): the network's prefix up to each layer runs the set
    to give that layer's inputs as the device computes them; a probe program then runs
@@ -52,6 +57,7 @@ from host.quant.calibrate import (
     scale_until,
     weight_exponents,
 )
+from host.quant.rounding import round_layer
 from host.spec.config import NpuConfig
 from host.spec.formats import (
     E8M0_BIAS,
@@ -64,16 +70,21 @@ from host.spec.formats import (
 
 __all__ = [
     "METHODS",
+    "ROUNDINGS",
     "CalibrationError",
     "calibrate_graph",
     "compile_calibrated",
     "layer_events",
     "load_calibration",
+    "quantized_activations",
     "reference_activations",
 ]
 
 #: The calibration methods: least squared error (seed 002) and the device's max-based rule.
 METHODS = ("mmse", "max")
+#: How ``mmse`` chooses weight mantissas: by the layer's output error with bias correction
+#: (default, ``host.quant.rounding``), or each weight rounded to nearest.
+ROUNDINGS = ("gptq", "nearest")
 #: The MVM counters a probe reads. A layer's events in range scaling are narrow
 #: accumulator events plus saturations (DECISIONS): every one of these, except that
 #: ``vector_saturations`` count only for a static input exponent; with a dynamic one they
@@ -273,44 +284,50 @@ def reference_activations(graph: Graph, data) -> dict:
         graph.tensors[graph.inputs[0]].features else load_calibration(data, graph)
     vals = {graph.inputs[0]: rows}
     for node in graph.nodes:
-        x = vals[node.inputs[0]]
-        if node.op == "Dense":
-            y = x @ graph.initializers[node.inputs[1]].astype(np.float64).T
-            if len(node.inputs) > 2:
-                y = y + graph.initializers[node.inputs[2]].astype(np.float64)
-        elif node.op == "Relu":
-            y = np.maximum(x, 0.0)
-        elif node.op == "Sigmoid":
-            y = _sigmoid(x)
-        elif node.op == "Tanh":
-            y = np.tanh(x)
-        elif node.op == "Exp":
-            y = np.exp(x)
-        elif node.op == "Clip":
-            lo, hi = node.attrs.get("lo"), node.attrs.get("hi")
-            y = np.clip(x, -np.inf if lo is None else lo, np.inf if hi is None else hi)
-        elif node.op == "LeakyRelu":
-            y = np.where(x > 0, x, node.attrs["alpha"] * x)
-        elif node.op in ("Add", "Sub", "Mul"):
-            other = vals[node.inputs[1]]
-            y = x + other if node.op == "Add" else x - other if node.op == "Sub" else x * other
-        elif node.op == "Affine":
-            y = _affine(node, graph, x)
-        elif node.op in ("Conv", "MaxPool", "AveragePool"):
-            y = _window(node, graph, x)
-        elif node.op == "Softmax":
-            e = np.exp(x - x.max(axis=1, keepdims=True))
-            y = e / e.sum(axis=1, keepdims=True)
-        elif node.op in ("Flatten", "View"):
-            y = x
-        elif node.op == "LastStep":
-            y = _last_step(node, graph, x)
-        elif node.op in ("LSTM", "GRU"):
-            y = _recurrent(node, graph, x)
-        else:
-            raise CalibrationError(f"{node.where()}: no float reference for IR op {node.op}")
-        vals[node.outputs[0]] = y
+        vals[node.outputs[0]] = _node_value(node, graph, vals)
     return vals
+
+
+def _node_value(node, graph: Graph, vals: dict) -> np.ndarray:
+    """One IR node evaluated in float64 on the rows of its inputs in ``vals`` (``{tensor:
+    (samples, features)}``), as :func:`reference_activations` evaluates it."""
+    x = vals[node.inputs[0]]
+    if node.op == "Dense":
+        y = x @ graph.initializers[node.inputs[1]].astype(np.float64).T
+        if len(node.inputs) > 2:
+            y = y + graph.initializers[node.inputs[2]].astype(np.float64)
+    elif node.op == "Relu":
+        y = np.maximum(x, 0.0)
+    elif node.op == "Sigmoid":
+        y = _sigmoid(x)
+    elif node.op == "Tanh":
+        y = np.tanh(x)
+    elif node.op == "Exp":
+        y = np.exp(x)
+    elif node.op == "Clip":
+        lo, hi = node.attrs.get("lo"), node.attrs.get("hi")
+        y = np.clip(x, -np.inf if lo is None else lo, np.inf if hi is None else hi)
+    elif node.op == "LeakyRelu":
+        y = np.where(x > 0, x, node.attrs["alpha"] * x)
+    elif node.op in ("Add", "Sub", "Mul"):
+        other = vals[node.inputs[1]]
+        y = x + other if node.op == "Add" else x - other if node.op == "Sub" else x * other
+    elif node.op == "Affine":
+        y = _affine(node, graph, x)
+    elif node.op in ("Conv", "MaxPool", "AveragePool"):
+        y = _window(node, graph, x)
+    elif node.op == "Softmax":
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        y = e / e.sum(axis=1, keepdims=True)
+    elif node.op in ("Flatten", "View"):
+        y = x
+    elif node.op == "LastStep":
+        y = _last_step(node, graph, x)
+    elif node.op in ("LSTM", "GRU"):
+        y = _recurrent(node, graph, x)
+    else:
+        raise CalibrationError(f"{node.where()}: no float reference for IR op {node.op}")
+    return y
 
 
 # --- per-layer settings (seed 002) -------------------------------------------------------------
@@ -436,7 +453,8 @@ def _best(cal) -> float:
     return min(cal.mse_static, cal.mse_dynamic) if cal is not None else 0.0
 
 
-def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse"):
+def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse",
+                    rounding: str = "gptq"):
     """Choose every matrix layer's (``Dense``, ``Conv``) quantization settings from a
     calibration set (no device: the float reference only).
 
@@ -447,6 +465,17 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse"):
     data : the calibration set, as :func:`load_calibration` takes it, or the dict of
         :func:`reference_activations`
     method : ``"mmse"`` (default) or ``"max"``
+    rounding : ``"gptq"`` (default) or ``"nearest"``, with ``method="mmse"``: how the
+        weight mantissas are chosen once the exponents are (``docs/calibration.md``
+        section 7). ``"gptq"``: layer by layer in network order, on the layer's inputs as
+        the device computes them with the settings of the layers before
+        (:func:`quantized_activations`), the mantissas of least output error
+        (:func:`host.quant.rounding.round_layer`: error-compensated rounding, never worse
+        than nearest per output row) and the bias corrected for the mean output error;
+        the weights and biases of the returned graph are those values, so the compiler's
+        MRF words (the placed FP16 matrix quantized with the calibrated exponents) are
+        exactly the chosen mantissas. ``"nearest"``: each weight rounded to nearest, the
+        biases unchanged (seed 002 as first built).
 
     Returns
     -------
@@ -466,6 +495,9 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse"):
         bad data or method (see :func:`load_calibration`).
     """
     method = _check_method(method)
+    if rounding not in ROUNDINGS:
+        raise CalibrationError(f"rounding must be one of {', '.join(ROUNDINGS)}, not "
+                               f"{rounding!r}")
     cfg = as_config(config)
     ref = data if isinstance(data, dict) else reference_activations(graph, data)
     n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
@@ -476,8 +508,14 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse"):
         nd.inputs = list(nd.inputs)
     g.initializers = dict(graph.initializers)
     records = []
+    # The device's values of every tensor so far (rounding "gptq"): the layers before
+    # the one being calibrated run with their final settings.
+    emulate = method == "mmse" and rounding == "gptq"
+    qvals = {g.inputs[0]: _f16(ref[g.inputs[0]])} if emulate else None
     for node in g.nodes:
         if node.op not in MATRIX_OPS:
+            if emulate:
+                qvals[node.outputs[0]] = _f16(_node_value(node, g, qvals))
             continue
         view = _View(graph, node, n)
         w16 = _fp16(view.matrix)
@@ -542,8 +580,132 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse"):
         if cal is None:
             rec["input"]["why"] = why_none
         node.attrs["quant"] = quant
+        if method == "mmse":
+            rec["weights"]["rounding"] = {"method": "nearest"}
+        if emulate:
+            if quant["offset"] is not None:          # the producer's result is now x - m
+                qvals[prev.outputs[0]] = _emulate_matrix(g, prev, cfg, qvals)
+            _, rounded = _round_weights(g, node, cfg, qvals, w16)
+            rec["weights"]["rounding"] = rounded
+            rec["weights"]["mse_nearest"] = rec["weights"]["mse"]
+            rec["weights"]["mse"] = rounded.pop("weight_mse")
+            qvals[node.outputs[0]] = _emulate_matrix(g, node, cfg, qvals)
         records.append(rec)
     return g, records
+
+
+def _f16(x) -> np.ndarray:
+    """``x`` rounded to FP16, as float64 (a tensor as the device holds it)."""
+    return _fp16(x).astype(np.float64)
+
+
+def _device_inputs(view: _View, x_rows: np.ndarray, cfg: NpuConfig, quant: dict):
+    """The product inputs ``(S, products, cols)`` of a matrix layer as its input quantizer
+    makes them from the rows ``x_rows`` (FP16, then BFP per native vector with the
+    layer's static exponent or the dynamic one; an FP16 inf saturates to the largest
+    finite value and NaN becomes 0, the device's rule), dequantized to float64."""
+    code = quant.get("input_exponent")
+    e = None if code is None else int(code) - E8M0_BIAS
+    return bfp.quantize(_fp16(view.vectors(x_rows)), cfg.n, cfg.mantissa_bits_v,
+                        _ROUNDING, exponent=e, nonfinite="saturate"
+                        ).dequantize().astype(np.float64)
+
+
+def _emulate_matrix(g: Graph, node, cfg: NpuConfig, vals: dict) -> np.ndarray:
+    """A ``Dense`` / ``Conv`` as the device computes it (to FP16 roundings of the
+    accumulation order): quantized inputs times the MRF's values (the placed FP16 matrix
+    quantized with the node's weight exponents, or the dynamic ones), rounded to FP16,
+    plus the FP16 bias, rounded to FP16; rows of its output as the float reference
+    orders them."""
+    view = _View(g, node, cfg.n)
+    quant = node.attrs.get("quant") or {}
+    x = vals[node.inputs[0]]
+    v = _device_inputs(view, x, cfg, quant)
+    wq = bfp.quantize(_fp16(view.matrix), cfg.n, cfg.mantissa_bits_w, _ROUNDING,
+                      exponent=quant.get("weight_exponents")).dequantize()
+    y = _f16(v @ wq.astype(np.float64).T)
+    if len(node.inputs) > 2:
+        y = _f16(y + _f16(g.initializers[node.inputs[2]]))
+    return y.transpose(0, 2, 1).reshape(len(x), -1)
+
+
+def quantized_activations(graph: Graph, config, data) -> dict:
+    """Every tensor of ``graph`` as the device computes it, emulated in NumPy on the
+    calibration set: matrix layers by their settings (``attrs["quant"]``: input exponent,
+    weight exponents; without them the device's dynamic exponents), every other op on
+    the float reference's formula with its result rounded to FP16 (recurrent layers
+    included: their internal quantization is not emulated). Not bit-exact (the device's
+    accumulation and unary functions round differently); it is what error-compensated
+    rounding takes as a layer's inputs. Returns ``{tensor: float64 (samples,
+    features)}`` like :func:`reference_activations`."""
+    cfg = as_config(config)
+    rows = data[graph.inputs[0]] if isinstance(data, dict) else load_calibration(data, graph)
+    vals = {graph.inputs[0]: _f16(rows)}
+    for node in graph.nodes:
+        vals[node.outputs[0]] = _emulate_matrix(graph, node, cfg, vals) \
+            if node.op in MATRIX_OPS else _f16(_node_value(node, graph, vals))
+    return vals
+
+
+#: Smallest step ``2^(e - (m - 2))`` whose multiples FP16 holds exactly (its subnormal
+#: step): blocks with finer steps keep nearest rounding (see :func:`_round_weights`).
+_FP16_STEP_EXP = -24
+#: Largest weight mantissa width whose codes FP16 holds exactly (11 significant bits).
+_FP16_MANTISSA_BITS = 12
+
+
+def _unplace(view: _View, values: np.ndarray, shape) -> np.ndarray:
+    """The placed matrix ``values`` (``_View.matrix``'s layout) back in the initializer's
+    layout ``shape`` (float32): the inverse of ``window_matrix`` for a ``Conv`` or a
+    map-reading ``Dense``; its padding columns must be zero."""
+    if view.map is None and view.node.op != "Conv":
+        return values.astype(np.float32).reshape(shape)
+    rows = values.shape[0]
+    c, kh, kw = (shape[1], *shape[2:]) if view.node.op == "Conv" else \
+        (view.map[0], *view.map[1:])
+    p = -(-c // view.n) * view.n
+    m = values.reshape(rows, kh, kw, p)
+    if np.any(m[..., c:]):
+        raise AssertionError("calibrated weights in the padding columns")   # a bug
+    return m[..., :c].transpose(0, 3, 1, 2).astype(np.float32).reshape(shape)
+
+
+def _round_weights(g: Graph, node, cfg: NpuConfig, qvals: dict, w16: np.ndarray):
+    """Error-compensated mantissas and bias correction of one layer
+    (:func:`host.quant.rounding.round_layer`) on its device inputs (``qvals``, the
+    layers before with their final settings); writes the chosen values into ``g``'s
+    weights (exactly representable in FP16, so the compiler's MRF words are those
+    mantissas) and bias. Returns ``(the placed values, the report's rounding record)``."""
+    n, mw = cfg.n, cfg.mantissa_bits_w
+    view = _View(g, node, n)
+    quant = node.attrs["quant"]
+    x = _device_inputs(view, qvals[node.inputs[0]], cfg, quant)
+    x = x.reshape(-1, x.shape[-1])
+    w = w16.astype(np.float64)
+    e = np.asarray(quant["weight_exponents"], np.int32)
+    b = g.initializers[node.inputs[2]].astype(np.float64) if len(node.inputs) > 2 else None
+    # Blocks whose chosen values FP16 could not hold keep nearest rounding (the compiler
+    # takes FP16 weights): steps below FP16's subnormal step, or mantissas wider than
+    # FP16's significand.
+    frozen = (e - (mw - 2) < _FP16_STEP_EXP) | (mw > _FP16_MANTISSA_BITS)
+    res = round_layer(w, x, e, n, mw, b, frozen=frozen)
+    fixed = np.repeat(frozen | (e == ZERO_BLOCK_EXP), n, axis=-1)[:, :w.shape[1]]
+    values = np.where(fixed, w, res.values)
+    if not np.array_equal(_fp16(values).astype(np.float64), values):
+        raise AssertionError("chosen weights not exact in FP16")             # a bug
+    shape = g.initializers[node.inputs[1]].shape
+    wname, bname = f"{node.name}.W~", f"{node.name}.b~"
+    g.initializers[wname] = _unplace(view, values, shape)
+    g.initializers[bname] = res.bias.astype(np.float32)
+    node.inputs[1:] = [wname, bname]
+    size = max(len(x), 1) * w.shape[0]
+    d = values - w
+    return values, {
+        "method": "gptq", "weight_mse": float((d * d).mean()), "rows": int(w.shape[0]),
+        "rows_gptq": res.rows_gptq, "inputs": len(x), "output_mse": res.error / size,
+        "output_mse_nearest": res.error_nearest / size,
+        "output_mse_nearest_corrected": res.error_nearest_corrected / size,
+        "bias_corrected": True}
 
 
 def _exponent_summary(e, dynamic) -> dict:
@@ -809,7 +971,8 @@ def _device_pass(g: Graph, cfg, records, ref, rows, dev, *, accumulator_bits,
 
 def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
                        accumulator_bits: int | None = None, overflow_threshold: int = 0,
-                       device=None, window: int = 4, timeout: float = 10.0):
+                       device=None, window: int = 4, timeout: float = 10.0,
+                       rounding: str = "gptq"):
     """Compile an ONNX model with exponents calibrated on ``calibrate``
     (``npu compile MODEL.onnx -o NET.npz --calibrate DATA.npy``).
 
@@ -831,8 +994,10 @@ def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
     device : None, device string or ``host.runtime.device.Device``
         Where the counts and range scaling run; None or ``"model"``: the reference model
         of exactly this build. A ``Device`` is left open.
-    window : jobs in flight on the device (``Device.stream``)
+    window : runs in flight on the device (``Device.stream``)
     timeout : seconds to wait for each reply of a device opened from a string
+    rounding : ``"gptq"`` (default) or ``"nearest"``: the weight mantissas of ``mmse``
+        (:func:`calibrate_graph`)
 
     Returns
     -------
@@ -869,7 +1034,7 @@ def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
     label = os.fsdecode(source) if isinstance(source, (str, bytes, os.PathLike)) else ""
     rows = load_calibration(calibrate, graph)
     ref = reference_activations(graph, rows)
-    g, records = calibrate_graph(graph, cfg, ref, method=method)
+    g, records = calibrate_graph(graph, cfg, ref, method=method, rounding=rounding)
     dev, own = _open_device(device, cfg, timeout)
     try:
         try:
@@ -905,7 +1070,8 @@ def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
     if records:
         records[-1]["output_error"] = {"tensor": y, **err}
     net.image.extra["report"]["calibration"] = {
-        "method": method, "samples": len(rows),
+        "method": method, "rounding": rounding if method == "mmse" else None,
+        "samples": len(rows),
         "data": os.fsdecode(calibrate) if isinstance(calibrate, (str, bytes, os.PathLike))
         else f"array {tuple(np.shape(calibrate))}",
         "device": device_name, "reference": "float64 evaluation of the model",

@@ -4,10 +4,14 @@ The references here do not use the code under test: a BFP quantizer written out 
 ``docs/numerics.md`` 2.3-2.4 (round half to even, clamp to ``2^(m-1) - 1``), brute-force
 exponent searches over wide ranges, and a decoder of MRF words (``docs/numerics.md`` 2.8:
 the E8M0 code in the low byte, then ``m``-bit two's complement mantissas, least
-significant first).
+significant first). :func:`exported_run` runs a network through its NumPy export (the
+code under test's other form, which the tests compare with the device bit for bit).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import sys
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -151,3 +155,20 @@ def pixel_major(w, c, h, wd, n):
         for x in range(wd):
             out[:, y, x, :c] = w[:, :, y, x]
     return out.reshape(rows, -1)
+
+
+def exported_run(net, x, where, name="exported_layer"):
+    """``net`` (a compiled network) on float inputs ``x`` through its NumPy export written
+    to ``where / f"{name}.py"``: the outputs in the network's float form (its signature)."""
+    from host.compiler.export import export_image
+    from host.compiler.network import signature_jobs, signature_outputs
+    py, _ = export_image(net.image, where / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_{id(net)}", py)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        out, _ = module.run(signature_jobs(x, net.signature, net.config.n))
+    finally:
+        del sys.modules[spec.name]
+    return signature_outputs(out, net.signature)

@@ -5,10 +5,8 @@ data, and the command line."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from ptq_models import (
     brute_static_exponent,
     brute_weight_exponent,
     decode_word,
+    exported_run,
     matrix_words,
     mlp,
     quantize_ref,
@@ -73,7 +72,10 @@ def _registers(image):
 # --- weights: the MRF words carry the MMSE exponents ----------------------------------------------
 
 def test_mrf_words_carry_the_mmse_exponents(mlp_case):
-    layers, net = mlp_case[1], mlp_case[3]
+    """With ``rounding="nearest"`` the words are the FP16 weights rounded to nearest with
+    the brute-force exponents (the default rounding's words: ``test_rounding.py``)."""
+    model, layers, x = mlp_case[0], mlp_case[1], mlp_case[2]
+    net = compile_calibrated(model, BUILD, calibrate=x, rounding="nearest")
     cfg = parse_config(BUILD)
     report = net.report()
     slots = [lay["mrf_slots"][0] for lay in report["layers"] if lay["op"] == "Gemm"]
@@ -156,23 +158,10 @@ def test_static_exponent_is_the_brute_force_argmin():
 # --- the device runs the calibrated image as the model predicts --------------------------------
 
 def test_calibrated_image_runs_as_exported(mlp_case, tmp_path):
-    from host.compiler.export import export_image
-    from host.compiler.network import signature_jobs
     model, net = mlp_case[0], mlp_case[3]
     xs = np.random.default_rng(9).normal(0, 1, (16, 20)).astype(np.float32)
     y = net.run(xs)
-    py, _ = export_image(net.image, tmp_path / "layer.py")
-    spec = importlib.util.spec_from_file_location("calibrated_layer", py)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module          # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    outputs, _ = module.run(signature_jobs(xs, net.signature, net.config.n))
-    from host.compiler.network import signature_outputs
-    assert np.array_equal(signature_outputs(outputs, net.signature).view(np.uint32),
-                          y.view(np.uint32))
+    assert np.array_equal(exported_run(net, xs, tmp_path).view(np.uint32), y.view(np.uint32))
     # And it computes the network: as near the float reference as today's compile.
     ref = reference_activations(import_onnx(model), xs)["y"]
     plain = compile_onnx(model, BUILD).run(xs)
@@ -183,8 +172,11 @@ def test_calibration_report_and_errors(mlp_case):
     model, _, x, net = mlp_case
     cal = net.report()["calibration"]
     assert cal["samples"] == 64 and cal["method"] == "mmse" and cal["range_scaling"] is None
+    assert cal["rounding"] == "gptq"
     for lay in cal["layers"]:
-        assert lay["weights"]["mse"] <= lay["weights"]["mse_max_based"]
+        assert lay["weights"]["mse_nearest"] <= lay["weights"]["mse_max_based"]
+        r = lay["weights"]["rounding"]
+        assert r["output_mse"] <= r["output_mse_nearest_corrected"] <= r["output_mse_nearest"]
         assert set(lay["counts"]) >= {"narrow_events", "vector_saturations",
                                       "output_saturations", "narrow_width"}
         assert lay["output_error"]["rel_rms"] is not None
@@ -210,7 +202,7 @@ def test_offset_folds_into_the_biases():
     b2 = rng.normal(0, 0.1, 8)
     model = mlp([(w1, b1, None), (w2, b2, None)])
     x = rng.normal(0, 1, (48, 16)).astype(np.float32)
-    g, records = calibrate_graph(import_onnx(model), "n=16,tiles=1", x)
+    g, records = calibrate_graph(import_onnx(model), "n=16,tiles=1", x, rounding="nearest")
     off = records[1]["offset"]
     assert off["applied"] and off["value"] == pytest.approx(
         (x.astype(np.float64) @ w1.astype(np.float32).T.astype(np.float64)
@@ -221,6 +213,11 @@ def test_offset_folds_into_the_biases():
     assert np.allclose(g.initializers[dense[1].inputs[2]],
                        b2 + w2.astype(np.float32).astype(np.float64) @ np.full(16, m))
     assert not records[0]["offset"]["applied"]      # the network input: no free fold
+    # The default rounding folds the same offset, then corrects both biases.
+    g2, rec2 = calibrate_graph(import_onnx(model), "n=16,tiles=1", x)
+    assert rec2[1]["offset"]["applied"] and rec2[1]["offset"]["value"] == m
+    assert np.abs(g2.initializers[next(nd for nd in g2.nodes if nd.op == "Dense").inputs[2]]
+                  - (b1 - m)).max() < 0.5
     net = compile_calibrated(model, "n=16,tiles=1", calibrate=x)
     ref = reference_activations(import_onnx(model), x)["h1"]
     y = net.run(x).astype(np.float64)
@@ -345,8 +342,6 @@ def test_cnn_words_carry_the_mmse_exponents_of_the_placed_matrices(tmp_path):
     blocks; the image runs as its NumPy export."""
     from ptq_models import cnn, pixel_major
 
-    from host.compiler.export import export_image
-    from host.compiler.network import signature_jobs, signature_outputs
     rng = np.random.default_rng(11)
     conv_w = rng.normal(0, 0.5, (4, 1, 3, 3))
     head_w = rng.normal(0, 0.2, (5, 4 * 6 * 6))
@@ -366,16 +361,7 @@ def test_cnn_words_carry_the_mmse_exponents_of_the_placed_matrices(tmp_path):
                 block = w16[r, c * 8:(c + 1) * 8]
                 assert exps[r, c] == brute_weight_exponent(block, 4), (lay["name"], r, c)
     xs = rng.uniform(0, 1, (6, 1, 6, 6)).astype(np.float32)
-    py, _ = export_image(net.image, tmp_path / "cnn.py")
-    spec = importlib.util.spec_from_file_location("cnn_layer", py)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    out, _ = module.run(signature_jobs(xs, net.signature, cfg.n))
-    assert np.array_equal(signature_outputs(out, net.signature), net.run(xs))
+    assert np.array_equal(exported_run(net, xs, tmp_path), net.run(xs))
     ref = reference_activations(import_onnx(model), xs)["y"]
     plain = compile_onnx(model, build).run(xs)
     assert np.abs(net.run(xs) - ref).mean() <= 1.2 * np.abs(plain - ref).mean()
