@@ -7,6 +7,9 @@ in PyTorch, as differentiable operations with straight-through gradients, so tha
 trained with them sees what the device computes:
 
 * :func:`fp16` rounds to FP16 (nearest even) and back to the input's dtype.
+* :func:`unary` is the device's activation unit (sigmoid, tanh, exp, relu, pass) on FP16
+  values, bit for bit (a table of :func:`host.numerics.unary.unary_bits` over all 65536
+  FP16 inputs), its gradient that of the exact function.
 * :func:`bfp` quantizes to BFP blocks along the last axis: the dynamic exponent
   ``floor(log2(max |x|))`` of each block (clamped below at -127, all-zero blocks -127) or
   static exponents, rounding to nearest with ties to even or away from zero, and the
@@ -29,6 +32,8 @@ raises ``ImportError`` naming the extra.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 try:
@@ -48,7 +53,7 @@ from host.spec.formats import (
     mantissa_max,
 )
 
-__all__ = ["BfpLinear", "BfpQuantizer", "bfp", "block_exponents", "fp16"]
+__all__ = ["BfpLinear", "BfpQuantizer", "bfp", "block_exponents", "fp16", "unary"]
 
 
 def _blocks(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -107,6 +112,60 @@ def fp16(x: torch.Tensor) -> torch.Tensor:
     """``x`` rounded to FP16 once (nearest even; beyond 65504 to infinity) in ``x``'s
     dtype, with the identity as its gradient."""
     return _Fp16.apply(x)
+
+
+#: The unary ops :func:`unary` takes, with the derivative of the exact function (of the
+#: FP16 input ``x`` and the exact value ``y``) used as the gradient.
+_DERIVATIVES = {
+    "sigmoid": lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)),
+    "tanh": lambda x: 1 - torch.tanh(x) ** 2,
+    "exp": lambda x: torch.exp(torch.clamp(x, max=11.1)),
+    "relu": lambda x: (x > 0).to(x.dtype),
+    "pass": lambda x: torch.ones_like(x),
+}
+
+
+@functools.cache
+def _unary_table(name: str) -> torch.Tensor:
+    """The device's ``name`` on every FP16 bit pattern, as float64 values (65536,)."""
+    from host.numerics.unary import unary_bits
+    bits = np.arange(1 << 16, dtype=np.int64).astype(np.uint16)
+    return torch.from_numpy(unary_bits(name, bits).view(np.float16).astype(np.float64))
+
+
+class _Unary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, name):
+        with np.errstate(over="ignore"):
+            half = x.detach().cpu().numpy().astype(np.float16)
+        idx = torch.from_numpy(half.view(np.uint16).astype(np.int64))
+        ctx.save_for_backward(torch.from_numpy(half.astype(np.float64)))
+        ctx.name = name
+        return _unary_table(name)[idx].to(device=x.device, dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        d = torch.nan_to_num(_DERIVATIVES[ctx.name](x), nan=0.0, posinf=0.0)
+        return grad * d.to(grad.dtype), None
+
+
+def unary(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The device's activation unit: ``x`` rounded to FP16, then the MFU's ``name``
+    (``"sigmoid"``, ``"tanh"``, ``"exp"``, ``"relu"``, ``"pass"``) bit for bit as
+    :func:`host.numerics.unary.unary_bits` computes it (a table lookup), in ``x``'s dtype.
+    The gradient is the exact function's derivative at the FP16 input (straight through
+    the table's approximation and the rounding).
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not one of those ops.
+    """
+    name = str(name).lower()
+    if name not in _DERIVATIVES:
+        raise ValueError(f"unary op must be one of {sorted(_DERIVATIVES)}, not {name!r}")
+    return _Unary.apply(x, name)
 
 
 class _Bfp(torch.autograd.Function):

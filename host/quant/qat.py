@@ -25,7 +25,17 @@ without a setting. :func:`train_qat` trains it; :meth:`DeviceModule.export` writ
 trained network as ONNX (``onnx.helper``: Gemm / Conv / ... nodes named after the IR's
 ONNX nodes) and the quantization settings as JSON, which ``npu compile --quant`` applies.
 
-Recurrent layers are not supported here yet (:class:`QatError` names them).
+Recurrent layers (``LSTM``, ``GRU``, stacked or not, and the ``LastStep`` / ``View``
+nodes around them) are computed as the compiled recurrent program computes them
+(:mod:`host.compiler.lower_rnn`, ``programs.lstm_layer`` / ``gru_layer``): per step, the
+products ``W x`` and ``U h`` with ``x`` and ``h`` quantized per native vector with the
+dynamic exponent (the lowering gives recurrent products no static exponent) and the
+weights per MRF word with the max-based rule, each product rounded once to FP16, then
+every gate operation of the device's chains in its order, each rounded to FP16, with the
+MFU's own sigmoid and tanh (:func:`host.quant.fakequant.unary`). Quantize once (stacked
+products) changes no bit with dynamic exponents: a stacked product quantizes the same
+vector with the same settings and its rows are the separate products' rows. Their
+initial states stay fixed; ``W``, ``R`` and the biases are trained.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ import numpy as np
 import torch
 
 from host.compiler.network import as_config
-from host.quant.fakequant import bfp, fp16
+from host.quant.fakequant import bfp, fp16, unary
 from host.quant.quantfile import QUANT_VERSION, QatError, apply_quant, load_quant
 from host.spec.formats import E8M0_BIAS, EXP_MAX, EXP_MIN, mantissa_max
 
@@ -48,8 +58,11 @@ __all__ = ["QatError", "DeviceModule", "train_qat", "graph_to_onnx", "load_quant
 #: The IR ops that quantize (the matrix products) and carry ``attrs["quant"]``.
 _MATRIX_OPS = ("Dense", "Conv")
 
-_ELEMENTWISE = {"Relu": torch.relu, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh,
-                "Exp": torch.exp}
+#: Element-wise ops: the device's activation unit (bit for bit, fakequant.unary).
+_ELEMENTWISE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "exp"}
+
+#: Recurrent ops and the inputs of theirs that are initial states (kept fixed).
+_RECURRENT = {"LSTM": (4, 5), "GRU": (4,)}
 
 
 class _LearnedInput(torch.autograd.Function):
@@ -84,6 +97,17 @@ def _flatten_source(graph, name):
     return None
 
 
+def _view(a, src, out_shape, dst):
+    """An IR ``View`` / ``Flatten``: the same elements per batch row in the same order,
+    the batch axis (None in the IR shapes ``src``, ``dst``) moving to its new place."""
+    if None not in src or None not in dst:
+        return a.reshape(out_shape)
+    pa, pb = list(src).index(None), list(dst).index(None)
+    rows = a.movedim(pa, 0)
+    rows = rows.reshape(len(rows), *[d for d in dst if d is not None])
+    return rows.movedim(0, pb)
+
+
 class DeviceModule(torch.nn.Module):
     """A compiler IR graph as a PyTorch module computing what the device computes (the
     module docstring). ``graph`` a :class:`host.compiler.ir.Graph` (its ``Dense`` nodes'
@@ -95,7 +119,7 @@ class DeviceModule(torch.nn.Module):
     Raises
     ------
     QatError
-        an op it cannot train (recurrent layers), a bad ``start``.
+        a bad ``start`` (an op without a PyTorch form is refused when it is evaluated).
     """
 
     def __init__(self, graph, config=None, *, start: str = "dynamic"):
@@ -108,16 +132,16 @@ class DeviceModule(torch.nn.Module):
         self.saturation = torch.nn.ParameterDict()
         self.weight_exponents = {}
         self.offsets = {}
+        self.states = {}
         for node in graph.nodes:
-            if node.op in ("LSTM", "GRU", "LastStep"):
-                raise QatError(f"{node.where()}: quantization-aware training of recurrent "
-                               f"layers is not built yet (Dense, Conv and element-wise "
-                               f"graphs are)")
             key = self._key(node)
             for i, name in enumerate(node.inputs[1:], 1):
                 if name in graph.initializers:
-                    self.weights[f"{key}__{i}"] = torch.nn.Parameter(
-                        torch.tensor(np.asarray(graph.initializers[name], np.float32)))
+                    value = torch.tensor(np.asarray(graph.initializers[name], np.float32))
+                    if i in _RECURRENT.get(node.op, ()):
+                        self.states[f"{key}__{i}"] = value
+                    else:
+                        self.weights[f"{key}__{i}"] = torch.nn.Parameter(value)
             if node.op not in _MATRIX_OPS:
                 continue
             quant = node.attrs.get("quant") or {}
@@ -175,15 +199,63 @@ class DeviceModule(torch.nn.Module):
             return q.permute(0, 3, 1, 2).reshape(w.shape)
         return bfp(fp16(w), cfg.n, cfg.mantissa_bits_w, exponent=exps)
 
+    def _recurrent(self, node, a):
+        """Every step's ``h`` of an LSTM / GRU node on ``a`` (its input in the IR's
+        layout), in the IR's output layout; the device's arithmetic (module docstring)."""
+        cfg, key = self.config, self._key(node)
+        n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
+        batch_first = self.graph.tensors[node.inputs[0]].shape[0] is None
+        xs = a if batch_first else a.transpose(0, 1)                 # (batch, T, I)
+        hidden, steps = int(node.attrs["hidden"]), int(node.attrs["steps"])
+        w, r, b = (self.weights[f"{key}__{i}"].to(torch.float64) for i in (1, 2, 3))
+        wq, rq, b = bfp(fp16(w), n, mw), bfp(fp16(r), n, mw), fp16(b)
+        h = fp16(self.states[f"{key}__4"].to(torch.float64)).expand(len(xs), hidden)
+        out = []
+        if node.op == "LSTM":
+            c = fp16(self.states[f"{key}__5"].to(torch.float64)).expand(len(xs), hidden)
+            for t in range(steps):
+                # W x + b (W_fio, W_c), then per h group U h + that, the gate chains.
+                xw = fp16(fp16(bfp(fp16(xs[:, t]), n, mv) @ wq.T) + b)
+                pre = fp16(fp16(bfp(h, n, mv) @ rq.T) + xw)
+                sig = unary("sigmoid", pre[:, :3 * hidden])
+                f, i, o = sig.split(hidden, dim=1)
+                fc = fp16(f * c)                            # f's chain: times c
+                c = fp16(fp16(unary("tanh", pre[:, 3 * hidden:]) * i) + fc)
+                h = fp16(unary("tanh", c) * o)
+                out.append(h)
+        else:
+            lbr = bool(node.attrs.get("linear_before_reset", 0))
+            b_zrn, b_hn = b[:3 * hidden], b[3 * hidden:]
+            for t in range(steps):
+                xw = fp16(fp16(bfp(fp16(xs[:, t]), n, mv) @ wq.T) + b_zrn)
+                xz, xr, xn = xw.split(hidden, dim=1)
+                hq = bfp(h, n, mv)
+                if lbr:
+                    uz, ur, un = fp16(hq @ rq.T).split(hidden, dim=1)
+                    z, rr = unary("sigmoid", fp16(uz + xz)), unary("sigmoid", fp16(ur + xr))
+                    nn = unary("tanh", fp16(fp16(fp16(un + b_hn) * rr) + xn))
+                else:
+                    uz, ur = fp16(hq @ rq[:2 * hidden].T).split(hidden, dim=1)
+                    z, rr = unary("sigmoid", fp16(uz + xz)), unary("sigmoid", fp16(ur + xr))
+                    rh = bfp(fp16(h * rr), n, mv)
+                    nn = unary("tanh", fp16(fp16(rh @ rq[2 * hidden:].T) + xn))
+                h = fp16(fp16(fp16(h - nn) * z) + nn)         # (h - n) * z + n
+                out.append(h)
+        if batch_first:
+            return torch.stack(out, 1).unsqueeze(2)                  # (batch, T, 1, H)
+        return torch.stack(out, 0).unsqueeze(1)                      # (T, 1, batch, H)
+
     def forward(self, x):
         g = self.graph
         vals = {g.inputs[0]: x.to(torch.float64)}
+        in_shape = list(g.tensors[g.inputs[0]].shape)
+        batch = x.shape[in_shape.index(None)] if None in in_shape else len(x)
         for node in g.nodes:
             key = self._key(node)
             a = vals[node.inputs[0]]
             params = [self.weights[f"{key}__{i}"].to(torch.float64)
                       for i in range(1, len(node.inputs)) if f"{key}__{i}" in self.weights]
-            out_shape = [len(a) if d is None else d for d in g.tensors[node.outputs[0]].shape]
+            out_shape = [batch if d is None else d for d in g.tensors[node.outputs[0]].shape]
             if node.op == "Dense":
                 xq = self._quant_input(node, a, vals)
                 y = fp16(xq @ self._quant_weight(node, params[0]).T)
@@ -198,7 +270,7 @@ class DeviceModule(torch.nn.Module):
                 if len(params) > 1:
                     y = fp16(y + fp16(params[1]).reshape(1, -1, 1, 1))
             elif node.op in _ELEMENTWISE:
-                y = fp16(_ELEMENTWISE[node.op](a))
+                y = unary(_ELEMENTWISE[node.op], a)
             elif node.op in ("MaxPool", "AveragePool"):
                 y = fp16(self._pool(node, a))
             elif node.op in ("Add", "Sub", "Mul"):
@@ -216,7 +288,15 @@ class DeviceModule(torch.nn.Module):
             elif node.op == "Softmax":
                 y = fp16(torch.softmax(a, dim=-1))
             elif node.op in ("Flatten", "View"):
-                y = a.reshape(out_shape)
+                y = _view(a, g.tensors[node.inputs[0]].shape, out_shape,
+                          g.tensors[node.outputs[0]].shape)
+            elif node.op in _RECURRENT:
+                y = self._recurrent(node, a)
+            elif node.op == "LastStep":
+                axis = node.attrs["axis"]
+                y = a.narrow(axis, a.shape[axis] - 1, 1)
+                if len(out_shape) < a.dim():
+                    y = y.squeeze(axis)
             else:
                 raise QatError(f"{node.where()}: no PyTorch form for IR op {node.op}")
             vals[node.outputs[0]] = y
@@ -242,11 +322,15 @@ class DeviceModule(torch.nn.Module):
 
     # --- results ---------------------------------------------------------------------
     def settings(self) -> dict:
-        """Per ``Dense`` node name: the quantization settings the device runs
+        """Per ``Dense`` / ``Conv`` node name: the quantization settings the device runs
         (``input_exponent`` an E8M0 code or None, ``weight_exponents`` a list of lists or
-        None, ``offset`` a float or None)."""
+        None, ``offset`` a float or None); per ``LSTM`` / ``GRU``, all None (dynamic
+        exponents, max-based weights: what the compiler runs them with)."""
         out = {}
         for node in self.graph.nodes:
+            if node.op in _RECURRENT:
+                out[node.name] = {"input_exponent": None, "weight_exponents": None,
+                                  "offset": None}
             if node.op not in _MATRIX_OPS:
                 continue
             key = self._key(node)
@@ -289,7 +373,8 @@ class DeviceModule(torch.nn.Module):
     def export(self, onnx_path, quant_path) -> None:
         """Write the trained network as ONNX (:func:`graph_to_onnx`) and its quantization
         settings as JSON (``{"version", "n", "mantissa_bits_v", "mantissa_bits_w",
-        "layers": {Dense node name: settings}}``), which ``npu compile --quant`` applies."""
+        "layers": {node name: settings}}``, :meth:`settings`: every Dense / Conv, and
+        every LSTM / GRU with null settings), which ``npu compile --quant`` applies."""
         import onnx
         onnx.save(graph_to_onnx(self.trained_graph()), str(onnx_path))
         cfg = self.config
@@ -339,28 +424,44 @@ def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs:
 def graph_to_onnx(graph):
     """The IR ``graph`` as an ONNX model (opset 18) built with ``onnx.helper``: ``Dense``
     as ``Gemm`` (``transB = 1``) named after the IR node, so that a quantization file's
-    layer names find their layers again when ``npu compile`` imports it.
+    layer names find their layers again when ``npu compile`` imports it; ``LSTM`` /
+    ``GRU`` as ONNX's (gates back in ONNX's order, the summed biases as ``Wb`` with a zero
+    ``Rb``, GRU's ``b_hn`` as ``Rb_h``; initial states omitted when zero, else constants
+    of one batch row, which the compiler takes and onnxruntime only at batch 1);
+    ``LastStep`` as ``Gather`` of index -1; ``View`` as ``Squeeze`` / ``Transpose`` /
+    ``Unsqueeze``.
 
     Raises
     ------
     QatError
-        an IR op without an ONNX form here (recurrent layers, ``View``).
+        an IR op without an ONNX form here, a ``View`` that merges axes.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     inits, nodes = [], []
 
-    def const(name, value):
-        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+    def const(name, value, dtype=np.float32):
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
         return name
 
     for node in graph.nodes:
         ins, out = list(node.inputs), node.outputs[0]
+        a = node.attrs
+        if node.op in _RECURRENT:
+            nodes.append(_recurrent_onnx(graph, node, const))
+            continue
         for name in ins[1:]:
             if name in graph.initializers and not any(i.name == name for i in inits):
                 const(name, graph.initializers[name])
-        a = node.attrs
-        if node.op == "Dense":
+        if node.op == "LastStep":
+            axis, keep = a["axis"], len(graph.tensors[out].shape) == \
+                len(graph.tensors[ins[0]].shape)
+            idx = const(f"{node.name}.index", [-1] if keep else -1, np.int64)
+            nodes.append(helper.make_node("Gather", [ins[0], idx], [out], node.name,
+                                          axis=axis))
+        elif node.op == "View":
+            nodes.extend(_view_onnx(graph, node, const))
+        elif node.op == "Dense":
             nodes.append(helper.make_node("Gemm", ins, [out], node.name, transB=1))
         elif node.op in ("Relu", "Sigmoid", "Tanh", "Exp", "Add", "Sub", "Mul"):
             nodes.append(helper.make_node(node.op, ins, [out], node.name))
@@ -407,6 +508,83 @@ def graph_to_onnx(graph):
         opset_imports=[helper.make_opsetid("", 18)], producer_name="bfp-npu qat")
     onnx.checker.check_model(model)
     return model
+
+
+def _recurrent_onnx(graph, node, const):
+    """An IR ``LSTM`` / ``GRU`` as the ONNX node the importer turns back into it."""
+    from onnx import helper
+
+    from host.compiler.onnx_import import GRU_GATES, LSTM_GATES
+    hidden = int(node.attrs["hidden"])
+    lstm = node.op == "LSTM"
+    order = LSTM_GATES if lstm else GRU_GATES          # builder gate -> ONNX block
+    gates = "fioc" if lstm else "zrn"
+    onnx_gates = sorted(gates, key=lambda g: order[g])
+    w, r, b = (np.asarray(graph.initializers[i], np.float32) for i in node.inputs[1:4])
+
+    def blocks(arr):
+        return np.concatenate([arr[gates.index(g) * hidden:(gates.index(g) + 1) * hidden]
+                               for g in onnx_gates])
+    rb = np.zeros(len(gates) * hidden, np.float32)
+    if not lstm and node.attrs.get("linear_before_reset", 0):
+        rb[order["n"] * hidden:(order["n"] + 1) * hidden] = b[3 * hidden:]
+    base = node.name
+    ins = [node.inputs[0], const(f"{base}.onnx_W", blocks(w)[None]),
+           const(f"{base}.onnx_R", blocks(r)[None]),
+           const(f"{base}.onnx_B", np.concatenate([blocks(b[:len(gates) * hidden]), rb])[None]),
+           ""]
+    for k, what in ((4, "initial_h"), (5, "initial_c")):
+        if k < len(node.inputs):
+            state = np.asarray(graph.initializers[node.inputs[k]], np.float32)
+            ins.append(const(f"{base}.onnx_{what}", state.reshape(1, 1, hidden))
+                       if np.any(state != 0) else "")
+    while ins[-1] == "":
+        ins.pop()
+    layout = 1 if graph.tensors[node.inputs[0]].shape[0] is None else 0
+    extra = {} if lstm else {"linear_before_reset": int(node.attrs.get("linear_before_reset",
+                                                                           0))}
+    return helper.make_node(node.op, ins, [node.outputs[0]], base, hidden_size=hidden,
+                            layout=layout, **extra)
+
+
+def _view_onnx(graph, node, const) -> list:
+    """An IR ``View`` as ``Squeeze`` (the size-1 axes it drops or moves), ``Transpose``
+    (the batch axis) and ``Unsqueeze`` (the size-1 axes of the result), or ``Flatten``
+    to ``(batch, features)``."""
+    from onnx import helper
+    src, dst = list(graph.tensors[node.inputs[0]].shape), \
+        list(graph.tensors[node.outputs[0]].shape)
+    core_src, core_dst = [d for d in src if d != 1], [d for d in dst if d != 1]
+    x, out, made = node.inputs[0], node.outputs[0], []
+    if [d for d in core_src if d is not None] != [d for d in core_dst if d is not None] \
+            or core_src.count(None) != core_dst.count(None):
+        if len(dst) == 2 and dst[0] is None and src[0] is None:
+            return [helper.make_node("Flatten", [x], [out], node.name, axis=1)]
+        raise QatError(f"{node.where()}: no ONNX form for a View of {src} as {dst} in the "
+                       f"QAT export")
+    steps = []
+    if len(core_src) != len(src):
+        steps.append(("Squeeze", [i for i, d in enumerate(src) if d == 1]))
+    if core_src != core_dst:
+        rest = [i for i, d in enumerate(core_src) if d is not None]
+        perm = [core_src.index(None) if d is None else rest.pop(0) for d in core_dst]
+        steps.append(("Transpose", perm))
+    if len(core_dst) != len(dst):
+        steps.append(("Unsqueeze", [i for i, d in enumerate(dst) if d == 1]))
+    if not steps:
+        steps.append(("Identity", None))
+    for k, (op, arg) in enumerate(steps):
+        y = out if k == len(steps) - 1 else f"{out}.{op.lower()}"
+        name = node.name if k == len(steps) - 1 else f"{node.name}.{op.lower()}"
+        if op in ("Squeeze", "Unsqueeze"):
+            made.append(helper.make_node(op, [x, const(f"{name}.axes", arg, np.int64)], [y],
+                                         name))
+        elif op == "Transpose":
+            made.append(helper.make_node(op, [x], [y], name, perm=arg))
+        else:
+            made.append(helper.make_node(op, [x], [y], name))
+        x = y
+    return made
 
 
 def _onnx_pads(attrs) -> list:

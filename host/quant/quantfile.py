@@ -11,7 +11,10 @@ PyTorch. Format (JSON)::
 
 ``input_exponent`` null is the dynamic exponent; ``weight_exponents`` null the max-based
 rule; ``offset`` is informational (an offset is already folded into the biases of the
-ONNX model the file goes with).
+ONNX model the file goes with). Recurrent layers (``LSTM`` / ``GRU`` nodes) may be listed
+too, with null settings only: the compiler quantizes their products (``x`` and ``h`` per
+native vector, the weights per MRF word) with the dynamic exponents and the max-based
+rule, and QAT trains them that way (``docs/training.md``); they may also be left out.
 """
 
 from __future__ import annotations
@@ -57,12 +60,25 @@ def apply_quant(graph, data: dict, *, source: str = "the quantization file"):
     place) from a quantization file's ``layers``; every layer of the file must be one of
     them and each of them must be in the file.
 
+    Recurrent layers (``LSTM``, ``GRU``) may be in the file with null settings (their
+    products keep the dynamic exponents and max-based weights the compiler gives them).
+
     Raises
     ------
     QatError
-        naming the layer that is missing on either side or whose settings are malformed.
+        naming the layer that is missing on either side or whose settings are malformed,
+        or a recurrent layer given exponents.
     """
-    layers = data["layers"]
+    layers = dict(data["layers"])
+    for nd in graph.nodes:
+        if nd.op in ("LSTM", "GRU") and nd.name in layers:
+            s = layers.pop(nd.name)
+            if not isinstance(s, dict) or s.get("input_exponent") is not None or \
+                    s.get("weight_exponents") is not None:
+                raise QatError(f"{source}: recurrent layer {nd.name!r} ({nd.op}) has "
+                               f"settings {s!r}; the compiler quantizes recurrent layers "
+                               f"with dynamic exponents only (input_exponent and "
+                               f"weight_exponents null)")
     dense = {nd.name: nd for nd in graph.nodes if nd.op in ("Dense", "Conv")}
     extra = sorted(set(layers) - set(dense))
     missing = sorted(set(dense) - set(layers))
