@@ -62,6 +62,8 @@ class ExportError(ValueError):
 KERNEL_ROOTS = (
     (_mvm, "mvm"),
     (_mvm, "prepare_weights"),
+    (_mvm, "mvm_group"),
+    (_mvm, "prepare_group"),
     (_fp16, "binary_counts_bits"),
     (_unary, "unary_counts"),
     (_reduction, "reduce_vectors_bits"),
@@ -575,8 +577,47 @@ def _addr(base: int, inc: int) -> str:
     return step if base == 0 else f"{base} + {step}"
 
 
-def _chain_source(index, rec, weights, cfg) -> tuple[str, str]:
-    """The function of one traced chain and its name."""
+def _product_groups(records, chain_keys) -> dict:
+    """``{record index: keys}``: runs of chains of one iteration each whose products
+    (consecutive ones: chains without a product in between are passed over) read the same
+    vectors (the same memory, address and pieces) with the same parameters and distinct
+    matrices, each chain of a run mapped to the run's keys. (A hint only: at run time a
+    kept result is used only for an input equal to the one it was computed from, so a
+    chain in between that rewrites those vectors costs a product, never a wrong
+    result.)"""
+    def signature(index, rec):
+        chain, plan = rec["chain"], rec["plan"]
+        if chain.mv_mul is None or plan["iters"] != 1 or chain.read.space is Space.NETQ:
+            return None
+        kw = rec["mvm"][0][2]
+        return (chain.read.space, chain.read.operand, tuple(map(tuple, plan["pieces"])),
+                plan["pix"], plan["lanes_cols"], int(kw["rounding"].value),
+                kw["static_exponent_code"], kw["narrow_width"])
+
+    groups, run, last = {}, [], None
+
+    def close():
+        keys = tuple(chain_keys[i][0] for i in run)
+        if len(run) > 1 and len(set(keys)) == len(keys):
+            groups.update(dict.fromkeys(run, keys))
+
+    for index, rec in enumerate(records):
+        if rec["chain"].mv_mul is None:
+            continue            # chains without a product do not end a run
+        sig = signature(index, rec)
+        if sig is not None and sig == last:
+            run.append(index)
+            continue
+        close()
+        run, last = ([index], sig) if sig is not None else ([], None)
+    close()
+    return groups
+
+
+def _chain_source(index, rec, weights, cfg, groups=None) -> tuple[str, str]:
+    """The function of one traced chain and its name (``groups``: see
+    :func:`_product_groups`)."""
+    groups = groups or {}
     chain, plan, regs = rec["chain"], rec["plan"], rec["regs"]
     name = _chain_name(index, rec)
     length, iters = plan["length"], plan["iters"]
@@ -620,10 +661,12 @@ def _chain_source(index, rec, weights, cfg) -> tuple[str, str]:
             wexpr = "slots[i]"
         kw = rec["mvm"][0][2]
         lines.append(f"{ind}# the matrix from tile slot {_addr(mv.operand, mv.inc)}")
+        grp = groups.get(index)
         lines.append(f"{ind}y = _product(x, {wexpr}, pix={plan['pix']}, "
                      f"lanes_cols={plan['lanes_cols']}, rounding={int(kw['rounding'].value)}, "
                      f"static_exponent_code={kw['static_exponent_code']!r}, "
-                     f"narrow_width={kw['narrow_width']}, counts=counts)")
+                     f"narrow_width={kw['narrow_width']}, counts=counts"
+                     + (f", group={grp!r})" if grp else ")"))
     else:
         lines.append(f"{ind}y = x")
     if plan["ops"]:
@@ -664,23 +707,63 @@ def _chain_source(index, rec, weights, cfg) -> tuple[str, str]:
 _HELPERS = '''
 #: ``prepare_weights`` of each WEIGHTS entry, made on first use.
 _PREPARED = {{}}
+#: What one ``run`` call keeps between its products, per thread (so that runs in two
+#: threads do not see each other's): ``"quantized"``, the last quantized input of a
+#: product (``mvm``'s ``quantized_cache``: products of one input, an LSTM's gates,
+#: quantize it once); ``"grouped"``, results of a group's product for the members not yet
+#: run: key -> (parameters, input, MvmResult).
+_RUN = threading.local()
+
+
+def _run_cache(name):
+    return _RUN.__dict__.setdefault(name, {{}})
+
+
+def _prepared(key):
+    if key not in _PREPARED:
+        codes_w, qw = WEIGHTS[key]
+        _PREPARED[key] = {prepare_weights}(codes_w, qw, n=N, mantissa_bits_w=MANTISSA_BITS_W)
+    return _PREPARED[key]
 
 
 def _product(x, key, *, pix, lanes_cols, rounding, static_exponent_code, narrow_width,
-             counts):
+             counts, group=None):
     """The MVM of one iteration for every job: ``x`` (B, C, N) gathered input vectors (a
     copy); ``WEIGHTS[key]`` the (codes, mantissas) the MRF slots hold, gathered in the
     kernel's order at export time. Lanes past COLS in each pixel's last native vector do
-    not enter the quantizer. Counts as the model does."""
+    not enter the quantizer. Counts as the model does.
+
+    ``group``: the keys of the products of consecutive chains that read the same vectors
+    (found at export time). The first of them runs them all (``mvm_group``: one matrix
+    product where it is exact) and keeps the others' results, which a later member takes
+    only when its input is equal to the one they were computed from (else it runs its
+    own product); counts are added when a result is taken."""
     if lanes_cols < N:
         x[:, pix - 1::pix, lanes_cols:] = 0
-    codes_w, qw = WEIGHTS[key]
-    if key not in _PREPARED:
-        _PREPARED[key] = {prepare_weights}(codes_w, qw, n=N, mantissa_bits_w=MANTISSA_BITS_W)
-    res = {mvm}(x.reshape(len(x), -1), codes_w, qw, n=N, mantissa_bits_v=MANTISSA_BITS_V,
-              mantissa_bits_w=MANTISSA_BITS_W, rounding={rounding}(rounding),
-              static_exponent_code=static_exponent_code, narrow_width=narrow_width,
-              accumulators=False, prepared=_PREPARED[key])
+    xb = x.reshape(len(x), -1)
+    kw = dict(n=N, mantissa_bits_v=MANTISSA_BITS_V, mantissa_bits_w=MANTISSA_BITS_W,
+              rounding={rounding}(rounding), static_exponent_code=static_exponent_code,
+              narrow_width=narrow_width, quantized_cache=_run_cache("quantized"))
+    params = (rounding, static_exponent_code, narrow_width)
+    grouped = _run_cache("grouped")
+    kept = grouped.pop(key, None)
+    if kept is not None and kept[0] == params and np.array_equal(kept[1], xb):
+        res = kept[2]
+    elif group is not None and key in group:
+        if group not in _PREPARED:
+            _PREPARED[group] = {prepare_group}(
+                [WEIGHTS[k] + (_prepared(k),) for k in group], n=N,
+                mantissa_bits_w=MANTISSA_BITS_W)
+        results = {mvm_group}(xb, _PREPARED[group], **kw)
+        grouped.clear()
+        xc = xb.copy()
+        for k, r in zip(group, results):
+            if k != key:
+                grouped[k] = (params, xc, r)
+        res = results[group.index(key)]
+    else:
+        codes_w, qw = WEIGHTS[key]
+        res = {mvm}(xb, codes_w, qw, accumulators=False, prepared=_prepared(key), **kw)
     counts["vector_saturations"] += int(np.sum(res.vector_saturated))
     counts["vector_nonfinite"] += int(np.sum(res.vector_nonfinite))
     counts["narrow_events"] += int(np.sum(res.narrow.total))
@@ -776,6 +859,8 @@ def run(inputs):
             _program(state, x[j:j + 1], outputs[j:j + 1], counts)
     elif jobs:
         _program(_initial_state(jobs, WRITTEN), x, outputs, counts)
+    _run_cache("quantized").clear()    # no batch's inputs kept past the call
+    _run_cache("grouped").clear()
     top = (1 << COUNTER_BITS) - 1
     return outputs, {{name: min(top, counts[name]) for name in COUNTERS}}
 '''
@@ -888,14 +973,17 @@ def export_image(image, path, *, config: NpuConfig | None = None,
     written = sorted({_space_name(s) for rec in records for s, *_ in rec["plan"]["writes"]})
 
     chain_sources, calls = [], []
+    groups = _product_groups(records, chain_keys)
     for index, rec in enumerate(records):
-        src, name = _chain_source(index, rec, chain_keys, cfg)
+        src, name = _chain_source(index, rec, chain_keys, cfg, groups)
         chain_sources.append(src)
         calls.append(f"    {name}(state, inputs, outputs, counts)")
 
     helpers = _HELPERS.format(
         mvm=names[(_mvm.__name__, "mvm")],
         prepare_weights=names[(_mvm.__name__, "prepare_weights")],
+        mvm_group=names[(_mvm.__name__, "mvm_group")],
+        prepare_group=names[(_mvm.__name__, "prepare_group")],
         rounding="formats_Rounding",
         binary_counts_bits=names[(_fp16.__name__, "binary_counts_bits")],
         unary_counts=names[(_unary.__name__, "unary_counts")],
@@ -963,6 +1051,7 @@ WEIGHTS = {{key.split("/")[1]: (_DATA[f"weights/{{key.split('/')[1]}}/codes"],
     kernels_head, kernels_body = kernels.split("\n\n\n", 1)
     if "import numpy as np" not in kernels_head:
         kernels_head += "\nimport numpy as np"
+    kernels_head = "import threading\n" + kernels_head
     text = (header + kernels_head + "\n\n\ndef _np_load(path):\n"
             "    with np.load(path, allow_pickle=False) as f:\n"
             "        return {name: f[name] for name in f.files}\n"

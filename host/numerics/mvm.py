@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from host.numerics import bfp
+from host.numerics.fp16 import finite_to_float32 as _finite_fp16_to_f32
 from host.spec.formats import (
     E8M0_BIAS, EXP_MAX, FP16_MAX_BITS, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN,
     MVM_EXP_EXACT_MIN, MVM_EXP_MAX, ZERO_BLOCK_EXP, Rounding, check_int, mantissa_max,
@@ -26,7 +27,7 @@ __all__ = [
     "fixed_to_fp16", "acc_lsb", "term_exponents", "tile_products", "accumulate",
     "NarrowCounts", "narrow_overflows", "MvmResult", "mvm",
     "fixed_to_fp16_exact", "accumulate_exact", "narrow_overflows_exact", "mvm_exact",
-    "PreparedWeights", "prepare_weights",
+    "PreparedWeights", "prepare_weights", "PreparedGroup", "prepare_group", "mvm_group",
 ]
 
 
@@ -141,7 +142,10 @@ def _quantize_values(bits, mantissa_bits, rounding, static_exponent_code):
         raise TypeError(f"bits must be a uint16 array of FP16 patterns, not {bits.dtype}")
     if static_exponent_code is not None:
         check_int("static_exponent_code", static_exponent_code, 0, 255)
-    fast = _quantize_fp16_f64(bits, m, rounding, static_exponent_code)
+    if static_exponent_code is None and bits.size >= _QUANTIZE_F32_MIN:
+        fast = _quantize_fp16_f32(bits, m, rounding)
+    else:
+        fast = _quantize_fp16_f64(bits, m, rounding, static_exponent_code)
     if fast is not None:
         return fast
     return _quantize_fp16_bfp(bits, m, rounding, static_exponent_code), None
@@ -223,6 +227,69 @@ def _quantize_fp16_f64(bits, m: int, rounding: Rounding, static_exponent_code):
 #: Elements per piece of the fast quantizer: its float64 scratch is at most 2 MiB (one
 #: piece for the MVM's inputs; smaller pieces measured slower there).
 _QUANTIZE_PIECE = 1 << 18
+#: Inputs from this many elements take :func:`_quantize_fp16_f32` (dynamic exponent).
+_QUANTIZE_F32_MIN = 1024
+
+
+def _quantize_fp16_f32(bits, m: int, rounding: Rounding):
+    """:func:`_quantize_fp16_f64` with the dynamic exponent, in float32 and with every
+    element-wise step over the whole array (no short per-block loops): equal to it in
+    every field and value (``tests/numerics/test_quantize_fp16_fast.py``).
+
+    Why float32 is exact here: every FP16 value is a float32 number; with ``e`` the
+    block exponent (-24 to 15 for a non-zero block) the scale ``2**(m - 2 - e)`` is from
+    2**-15 to 2**38, and the scaled values ``x * 2**(m - 2 - e)`` of a non-zero ``x`` lie
+    from 2**-39 to 2**(m - 1): normal float32 numbers with at most 11 significant bits,
+    so the product is exact and ``rint`` and the tie test see the exact value. The
+    dequantized values ``q * 2**(e - (m - 2))`` (``|q| < 2**15``, at least 2**-38) are
+    exact too. A zero block (e = -127, whose scale would overflow float32) is scaled by
+    1: its values are zeros whatever the scale. The block exponent is read from a table
+    of ``floor(log2 |x|)`` over the finite magnitudes (:data:`_FP16_LOG2`); the
+    per-block scales are repeated to one per element (``np.repeat``), which makes the
+    products whole-array loops. With the dynamic exponent ``|x * scale| < 2**(m-1)``,
+    so a rounded value is at most one past the top code: the saturated values are
+    exactly those equal to ``+-(top + 1)``.
+    """
+    if bits.size == 0 or bits.shape[-1] == 0:
+        return None
+    n = bits.shape[-1]
+    blocks = bits.reshape(-1, n)
+    amax = _block_max(np.bitwise_and(blocks, 0x7FFF))            # |x| bits per block
+    if int(amax.max()) >= 0x7C00:                                 # inf or NaN
+        return None
+    e = np.take(_FP16_LOG2, amax)                                 # -127 for zero blocks
+    nzb = amax != 0
+    grid = e - (m - 2)
+    top = mantissa_max(m)
+    x = _finite_fp16_to_f32(blocks).reshape(-1)
+    down = np.repeat(np.ldexp(np.float32(1), np.where(nzb, -grid, 0)), n)
+    np.multiply(x, down, out=x)
+    if rounding is Rounding.NEAREST_EVEN:
+        np.rint(x, out=x)
+    else:
+        whole = np.trunc(x)
+        x = whole + np.copysign(np.abs(x - whole) >= 0.5, x)
+    if float(x.max()) > top or float(x.min()) < -top:
+        over = (x > top) | (x < -top)
+        saturated = _block_count(over.reshape(-1, n))
+        np.clip(x, -top, top, out=x)
+    else:
+        saturated = np.zeros(len(blocks), np.int64)
+    q = x.astype(np.int16)                              # integers up to top: exact
+    np.divide(x, down, out=x)                           # down holds powers of two: exact
+    shape = bits.shape
+    codes = (e + E8M0_BIAS).astype(np.uint8)
+    return (QuantizedBlocks(codes.reshape(shape[:-1]), q.reshape(shape),
+                            saturated.reshape(shape[:-1]), np.zeros(shape[:-1], np.int64)),
+            (x.reshape(shape), grid.reshape(shape[:-1]), nzb.reshape(shape[:-1])))
+
+
+#: ``floor(log2 x)`` of every finite FP16 magnitude pattern (0 .. 0x7BFF; -14 .. 15 for
+#: normal numbers, -24 .. -15 for subnormals), and -127 (the zero block's exponent) for 0.
+_FP16_LOG2 = np.concatenate([
+    [np.int64(ZERO_BLOCK_EXP)],
+    np.frexp(np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64))[1]
+    .astype(np.int64) - 1])
 
 
 def _quantize_fp16_bfp(bits, m: int, rounding: Rounding, static_exponent_code):
@@ -1143,6 +1210,21 @@ def _mvm_one(xv, pw: PreparedWeights, mantissa_bits_v: int, lsb: int):
     return out, int(np.count_nonzero(over)), saturated
 
 
+def _cached_quantize(cache: dict, xv, mantissa_bits_v, rounding, static_exponent_code):
+    """``_quantize_values(xv, ...)``, or the results kept in ``cache`` when its input and
+    parameters are equal to these (see :func:`mvm`'s ``quantized_cache``)."""
+    key = (mantissa_bits_v, Rounding.parse(rounding), static_exponent_code)
+    if cache.get("key") == key and np.array_equal(cache["x"], xv):
+        return cache["q"]
+    qb, xd = _quantize_values(xv, mantissa_bits_v, rounding, static_exponent_code)
+    for a in list(qb) + ([] if xd is None else list(xd)):
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False       # shared by later calls: never written
+    cache.clear()
+    cache.update(key=key, x=xv.copy(), q=(qb, xd))
+    return qb, xd
+
+
 def _check_block_exponents(codes_v, e_max_w: int) -> None:
     """:func:`term_exponents`'s check, vector first: ValueError above 15."""
     if codes_v.size and int(codes_v.max()) - E8M0_BIAS > MVM_EXP_MAX:
@@ -1156,7 +1238,8 @@ def _check_block_exponents(codes_v, e_max_w: int) -> None:
 def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: int,
         rounding=Rounding.NEAREST_EVEN, static_exponent_code: int | None = None,
         narrow_width: int | None = 64, accumulators: bool = True,
-        prepared: PreparedWeights | None = None) -> MvmResult:
+        prepared: PreparedWeights | None = None,
+        quantized_cache: dict | None = None) -> MvmResult:
     """Matrix-vector product of the NPU's MVM, bit-exact (the fast form of
     :func:`mvm_exact`, equal to it in every output, accumulator and count).
 
@@ -1180,6 +1263,13 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
     prepared : PreparedWeights, optional
         :func:`prepare_weights` of these ``codes_w`` and ``qw`` (the caller keeps it with
         them), to save that work when one matrix is used for many products.
+    quantized_cache : dict, optional
+        A dict the caller keeps across calls (empty at first): it holds the last
+        quantized input (a copy of the padded vectors, the quantizer's parameters and its
+        results, read-only). A call whose vectors and parameters are equal to those
+        (``numpy.array_equal``, one comparison) takes the results instead of quantizing
+        again; any other call replaces them. Several matrices applied to one input (an
+        LSTM's gates) then quantize it once. The results are those without the cache.
 
     Returns
     -------
@@ -1206,7 +1296,7 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         xv[:, :x_bits.shape[-1]] = x_bits.reshape(-1, x_bits.shape[-1])
         xv = xv.reshape(-1, c, n)
     lsb = acc_lsb(mantissa_bits_v, mantissa_bits_w)
-    if (batch == () and prepared is not None and not accumulators
+    if (batch == () and prepared is not None and not accumulators and quantized_cache is None
             and static_exponent_code is None and (k is None or k >= _FLOAT_K_MIN)
             and Rounding.parse(rounding) is Rounding.NEAREST_EVEN and qw.dtype.kind in "iu"):
         check_int("mantissa_bits_v", mantissa_bits_v, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
@@ -1216,7 +1306,11 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
             return MvmResult(out_bits=out, accumulators=None, lsb=lsb,
                              vector_saturated=saturated, vector_nonfinite=0,
                              narrow=NarrowCounts(0, 0, 0), output_saturated=over_count)
-    qb, xd = _quantize_values(xv, mantissa_bits_v, rounding, static_exponent_code)
+    if quantized_cache is None:
+        qb, xd = _quantize_values(xv, mantissa_bits_v, rounding, static_exponent_code)
+    else:
+        qb, xd = _cached_quantize(quantized_cache, xv, mantissa_bits_v, rounding,
+                                  static_exponent_code)
     qw3 = qw.reshape(rows, c, n)
     if qw3.dtype.kind not in "biu" or n * _mag_bound(qb.mantissas) * _mag_bound(qw3) >= 1 << 62:
         # Weight "mantissas" far beyond 16 bits (not what an MRF holds): the definition.
@@ -1270,3 +1364,104 @@ def mvm(x_bits, codes_w, qw, *, n: int, mantissa_bits_v: int, mantissa_bits_w: i
         narrow=NarrowCounts(products.reshape(batch), tree.reshape(batch),
                             cross.reshape(batch)),
         output_saturated=over.sum(-1).reshape(batch))
+
+
+# --- several matrices, one input ----------------------------------------------------------
+
+
+class PreparedGroup(NamedTuple):
+    """Matrices applied to one input (:func:`prepare_group`, :func:`mvm_group`)."""
+    weights: tuple          # ((codes_w, qw, PreparedWeights), ...) of the members
+    wt32: np.ndarray        # float32 (C * n, sum of rows): the members' wt32 side by side
+    bounds: tuple           # the members' row ranges in wt32's columns
+
+
+def prepare_group(weights, *, n: int, mantissa_bits_w: int) -> PreparedGroup:
+    """A :class:`PreparedGroup` of ``weights``, ``((codes_w, qw), ...)`` or ``((codes_w,
+    qw, prepared), ...)`` (:func:`prepare_weights` made when missing)."""
+    members, bounds, start = [], [], 0
+    for w in weights:
+        codes_w, qw = w[0], w[1]
+        pw = w[2] if len(w) > 2 and w[2] is not None else prepare_weights(
+            codes_w, qw, n=n, mantissa_bits_w=mantissa_bits_w)
+        members.append((codes_w, qw, pw))
+        rows = np.shape(qw)[0]
+        bounds.append((start, start + rows))
+        start += rows
+    widths = {np.shape(qw)[1] for _, qw, _ in members}
+    if len(widths) == 1 and all(pw.usable for _, _, pw in members):
+        wt32 = np.concatenate([pw.wt32 for _, _, pw in members], axis=1)
+    else:
+        wt32 = np.zeros((0, 0), np.float32)             # never one product
+    return PreparedGroup(tuple(members), wt32, tuple(bounds))
+
+
+def mvm_group(x_bits, group: PreparedGroup, *, n: int, mantissa_bits_v: int,
+              mantissa_bits_w: int, rounding=Rounding.NEAREST_EVEN,
+              static_exponent_code: int | None = None, narrow_width: int | None = 64,
+              quantized_cache: dict | None = None) -> list:
+    """``[mvm(x_bits, codes_w, qw, ..., accumulators=False, prepared=pw) for codes_w, qw,
+    pw in group.weights]``, equal to it in every output and count
+    (``tests/numerics/test_mvm_float_path.py``), with one float32 matrix product for all
+    the members when each of them would be a float32 product over the whole batch.
+
+    That holds when every member's weights take the float path (usable, exponents
+    within the MVM's range), the narrow check is off or ``k >= 55``, the input is a batch
+    ``(B, cols)`` of at least ``_FLOAT32_BATCH`` finite vectors (the fast quantizer ran)
+    and every vector is within the float32 bound of every member (the test of
+    :func:`_float_product`). Each output is then exact in float32 whichever product
+    computes it (an output row depends on its weight row alone), converted to FP16 per
+    member as :func:`mvm` does, and no narrow event can occur (as there). Otherwise every
+    member is its own :func:`mvm` call. The input is quantized once either way (through
+    ``quantized_cache``, a dict kept by the caller or a fresh one).
+    """
+    cache = {} if quantized_cache is None else quantized_cache
+    kw = {"n": n, "mantissa_bits_v": mantissa_bits_v, "mantissa_bits_w": mantissa_bits_w,
+          "rounding": rounding, "static_exponent_code": static_exponent_code,
+          "narrow_width": narrow_width, "accumulators": False, "quantized_cache": cache}
+
+    def separately():
+        return [mvm(x_bits, cw, qw, prepared=pw, **kw) for cw, qw, pw in group.weights]
+
+    x_bits = np.asarray(x_bits, np.uint16)
+    k = None if narrow_width is None else check_int("k", narrow_width, 1, 64)
+    if (x_bits.ndim != 2 or len(x_bits) < _FLOAT32_BATCH or not group.wt32.size
+            or not (k is None or k >= _FLOAT_K_MIN)
+            or any(pw.e_max > MVM_EXP_MAX for _, _, pw in group.weights)):
+        return separately()
+    for codes_w, qw, _ in group.weights:
+        c = _matrix_shape(x_bits, codes_w, np.asarray(qw), n)[2]
+    if x_bits.shape[-1] == c * n:
+        xv = x_bits.reshape(-1, c, n)
+    else:
+        xv = np.zeros((len(x_bits), c * n), np.uint16)
+        xv[:, :x_bits.shape[-1]] = x_bits
+        xv = xv.reshape(-1, c, n)
+    m_v = check_int("mantissa_bits_v", mantissa_bits_v, MANTISSA_BITS_MIN, MANTISSA_BITS_MAX)
+    qb, xd = _cached_quantize(cache, xv, m_v, rounding, static_exponent_code)
+    if xd is None or (qb.exponent_codes.size
+                      and int(qb.exponent_codes.max()) - E8M0_BIAS > MVM_EXP_MAX):
+        return separately()
+    if any(np.asarray(qw).dtype.kind not in "iu"
+           or n * _mag_bound(qb.mantissas) * _mag_bound(np.asarray(qw)) >= 1 << 62
+           for _, qw, _ in group.weights):
+        return separately()
+    values, grid, nzb = xd
+    big = 1 << 20
+    lo = np.where(nzb, grid, big).min(-1)
+    span = np.where(nzb, grid, -big).max(-1) + (m_v - 1) - lo
+    zero = lo == big
+    limit = _FLOAT32_BITS - (c * n - 1).bit_length()
+    lsb = acc_lsb(mantissa_bits_v, mantissa_bits_w)
+    for _, _, pw in group.weights:
+        if not (zero | ((span + pw.span_max <= limit) & (lo + pw.lo_min >= lsb))).all():
+            return separately()
+    y = np.matmul(values.reshape(len(values), c * n), group.wt32)
+    saturated = qb.saturated.sum(-1)
+    nonfinite = qb.nonfinite.sum(-1)
+    none = NarrowCounts(*(np.zeros(len(y), np.int64) for _ in range(3)))
+    out, over = _y_to_fp16(y)           # element by element: the members' columns
+    return [MvmResult(out_bits=out[:, r0:r1], accumulators=None, lsb=lsb,
+                      vector_saturated=saturated, vector_nonfinite=nonfinite,
+                      narrow=none, output_saturated=over[:, r0:r1].sum(-1))
+            for r0, r1 in group.bounds]

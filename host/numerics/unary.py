@@ -438,8 +438,9 @@ def unary_counts(op, x_bits, *, ops=None) -> tuple[np.ndarray, int, int]:
         out, overflow, nan_created = _evaluate(op, a, built)
         return out, int(overflow.sum()), int(nan_created.sum())
     out, overflow, nan_created, any_overflow, any_nan = _table(op, built)
-    return (out[a], int(overflow[a].sum()) if any_overflow else 0,
-            int(nan_created[a].sum()) if any_nan else 0)
+    # np.take rather than out[a]: the same elements, a few times faster for a large a.
+    return (np.take(out, a), int(np.take(overflow, a).sum()) if any_overflow else 0,
+            int(np.take(nan_created, a).sum()) if any_nan else 0)
 
 
 def unary(name_or_op, x, *, ops=None) -> np.ndarray:

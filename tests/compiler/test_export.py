@@ -298,7 +298,7 @@ def test_module_is_readable_and_self_describing(exported):
     imports = {line.split()[1] for line in text.splitlines()
                if line.startswith(("import ", "from "))}
     assert imports <= {"__future__", "numpy", "os", "enum", "numbers", "typing",
-                       "dataclasses", "math"}, imports
+                       "dataclasses", "math", "threading"}, imports
     assert "def chain_00_" in text and "_mv_mul_slot" in text and "sigm" in text
     assert "def mvm_mvm(" in text and "def unary__evaluate(" in text \
         and "def fp16__evaluate(" in text
@@ -335,3 +335,78 @@ def test_cli_export(tmp_path, capsys):
     assert "cannot load image" in capsys.readouterr().err
     assert not (tmp_path / "x.py").exists()
     assert main(["export", str(tmp_path / "net.npz")]) == 2          # no -o
+
+
+def test_lstm_gate_products_share_one_product(tmp_path):
+    """The gates' products of one input are grouped (one quantization, one matrix product
+    for a batch of at least 8 jobs) and the layer still equals the model."""
+    cfg = BUILDER_CONFIGS["n16t2"]
+    image = program_image(_builder_programs(cfg)["lstm_seq"])
+    py, _ = export_image(image, tmp_path / "lstm.py", config=cfg)
+    text = Path(py).read_text()
+    assert text.count(", group=(") >= 8
+    rng = np.random.default_rng(4)
+    inputs = _job_inputs(rng, image, cfg, 0.0)
+    inputs = np.concatenate([inputs] + [_job_inputs(rng, image, cfg, 0.01) for _ in range(4)])
+    assert len(inputs) >= 8
+    case = {"py": py, "inputs": inputs, "want": _reference(image, cfg, inputs, False)}
+    got = _run_isolated(tmp_path, {"lstm": case})["lstm"]
+    _compare(case, got)
+
+
+def test_a_kept_group_result_needs_an_equal_input(tmp_path):
+    """A group member whose input differs from the one the group's product was made from
+    (a chain in between rewrote it) runs its own product: never a stale result."""
+    import ast
+    import importlib.util
+    import re
+
+    cfg = BUILDER_CONFIGS["n16t2"]
+    image = program_image(_builder_programs(cfg)["lstm_seq"])
+    py, _ = export_image(image, tmp_path / "lstm_g.py", config=cfg)
+    call = re.search(r"_product\(x, '[^']+', (pix=\d+), (lanes_cols=\d+).*?"
+                     r"group=(\([^)]*\))\)", Path(py).read_text())
+    group = ast.literal_eval(call.group(3))
+    pix, lanes = int(call.group(1)[4:]), int(call.group(2)[11:])
+    spec = importlib.util.spec_from_file_location("lstm_g_layer", py)
+    layer = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = layer             # its dataclasses look themselves up there
+    try:
+        spec.loader.exec_module(layer)
+    finally:
+        del sys.modules[spec.name]
+    rng = np.random.default_rng(8)
+    width = layer.WEIGHTS[group[0]][1].shape[1]
+    xs = [random_fp16(rng, (12, width // cfg.n, cfg.n), 0.0) for _ in range(2)]
+    kw = {"pix": pix, "lanes_cols": lanes, "rounding": 0, "static_exponent_code": None,
+              "narrow_width": 64, "group": group}
+
+    def alone(x, key):
+        x = x.copy()
+        if lanes < cfg.n:
+            x[:, pix - 1::pix, lanes:] = 0
+        codes, qw = layer.WEIGHTS[key]
+        return layer.mvm_mvm(x.reshape(len(x), -1), codes, qw, n=cfg.n,
+                             mantissa_bits_v=cfg.mantissa_bits_v,
+                             mantissa_bits_w=cfg.mantissa_bits_w,
+                             accumulators=False).out_bits
+
+    counts = dict.fromkeys(layer.COUNTERS, 0)
+    for x, key in ((xs[0], group[0]), (xs[1], group[1]), (xs[1], group[2]),
+                   (xs[0], group[2])):
+        got = layer._product(x.copy(), key, counts=counts, **kw)
+        assert np.array_equal(got.reshape(len(x), -1), alone(x, key)), key
+    # What a run keeps is its thread's: a group's product in one thread leaves its kept
+    # results there, none in another thread's run.
+    import threading
+    layer._run_cache("grouped").clear()
+    seen = {}
+
+    def worker():
+        layer._product(xs[0].copy(), group[0], counts=dict(counts), **kw)
+        seen["kept"] = set(layer._run_cache("grouped"))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen["kept"] == set(group) - {group[0]} and not layer._run_cache("grouped")

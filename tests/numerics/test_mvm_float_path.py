@@ -242,3 +242,96 @@ def test_one_vector_path(monkeypatch):
             assert got.vector_nonfinite == want.vector_nonfinite
             assert tuple(got.narrow) == tuple(want.narrow)
     assert any(taken) and not all(taken)
+
+
+# --- several matrices on one input (mvm_group) and the quantized-input cache ----------------
+
+
+def _same_results(got, want, what):
+    for name in ("out_bits", "vector_saturated", "vector_nonfinite", "output_saturated"):
+        a, b = np.asarray(getattr(got, name)), np.asarray(getattr(want, name))
+        assert a.shape == b.shape and np.array_equal(a, b), (what, name)
+    for a, b in zip(got.narrow, want.narrow):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), (what, "narrow")
+    assert got.accumulators is None and got.lsb == want.lsb
+
+
+def _group_case(rng, batch, mv, mw, members=3, n=8, c=5, cols=37, lo=-6, hi=3, **xkw):
+    weights = [_weights(rng, int(rng.integers(3, 12)), c, n, mw, lo, hi) for _ in range(members)]
+    x = _fp16(rng, (batch, cols), **xkw)
+    return weights, x
+
+
+@pytest.mark.parametrize("batch", [1, 7, 8, 40])
+@pytest.mark.parametrize("mv, mw", [(4, 4), (8, 8), (8, 16), (16, 11)])
+@pytest.mark.parametrize("narrow", [64, 55, 40, None])
+def test_mvm_group_equals_separate_products(batch, mv, mw, narrow):
+    rng = np.random.default_rng(batch * 1000 + mv * 10 + mw + (narrow or 0))
+    kw = {"n": 8, "mantissa_bits_v": mv, "mantissa_bits_w": mw, "narrow_width": narrow}
+    for spread in ((-3, 3), (-26, 17)):        # within the float32 bound, and beyond it
+        weights, x = _group_case(rng, batch, mv, mw)
+        x = _fp16(rng, x.shape, lo=spread[0], hi=spread[1])
+        x[0, 3] = 0x3C00
+        group = M.prepare_group(weights, n=8, mantissa_bits_w=mw)
+        cache = {}
+        got = M.mvm_group(x, group, quantized_cache=cache, **kw)
+        assert len(got) == len(weights)
+        for (codes, qw), g in zip(weights, got):
+            want = M.mvm(x, codes, qw, accumulators=False, **kw)
+            _same_results(g, want, (spread, codes.shape))
+            _same_as_exact(x, codes, qw, accumulators=False, **kw)
+        # The cache holds this input's quantization: a second call gives the same.
+        again = M.mvm_group(x, group, quantized_cache=cache, **kw)
+        for a, b in zip(again, got):
+            _same_results(a, b, "cached")
+
+
+def test_mvm_group_takes_one_product_within_the_bound(monkeypatch):
+    rng = np.random.default_rng(5)
+    weights, _ = _group_case(rng, 16, 8, 8, lo=0, hi=1)
+    x = _fp16(rng, (16, 37), lo=0, hi=1, zeros=0)
+    group = M.prepare_group(weights, n=8, mantissa_bits_w=8)
+    calls = []
+    real = np.matmul
+    monkeypatch.setattr(M.np, "matmul", lambda a, b: (calls.append(b.shape), real(a, b))[1])
+    got = M.mvm_group(x, group, n=8, mantissa_bits_v=8, mantissa_bits_w=8)
+    monkeypatch.setattr(M.np, "matmul", real)
+    assert calls == [group.wt32.shape]             # one product for all the members
+    for (codes, qw), g in zip(weights, got):
+        _same_results(g, M.mvm(x, codes, qw, n=8, mantissa_bits_v=8, mantissa_bits_w=8,
+                               accumulators=False), "one product")
+
+
+def test_mvm_group_falls_back_for_inf_nan_and_errors():
+    rng = np.random.default_rng(9)
+    weights, x = _group_case(rng, 12, 4, 4)
+    x[2, 5], x[7, 0] = 0x7C00, 0xFE00                 # inf and NaN: the definition's path
+    group = M.prepare_group(weights, n=8, mantissa_bits_w=4)
+    for static in (None, 120):
+        kw = {"n": 8, "mantissa_bits_v": 4, "mantissa_bits_w": 4, "static_exponent_code": static}
+        got = M.mvm_group(x, group, **kw)
+        for (codes, qw), g in zip(weights, got):
+            _same_results(g, M.mvm(x, codes, qw, accumulators=False, **kw), static)
+    # A vector block exponent beyond the MVM's range raises as mvm does.
+    big = np.full((8, 37), 0x7800, np.uint16)         # 32768 = 2**15 ... exponent 15
+    big[:, 0] = 0x7BFF
+    try:
+        M.mvm(big, *weights[0], n=8, mantissa_bits_v=4, mantissa_bits_w=4)
+    except ValueError as e:
+        with pytest.raises(ValueError, match=str(e).split()[0]):
+            M.mvm_group(big, group, n=8, mantissa_bits_v=4, mantissa_bits_w=4)
+
+
+def test_quantized_cache_is_keyed_by_input_and_parameters():
+    rng = np.random.default_rng(11)
+    codes, qw = _weights(rng, 6, 4, 8, 8)
+    cache = {}
+    x = _fp16(rng, (10, 32))
+    for mv, rounding, static in [(8, Rounding.NEAREST_EVEN, None), (8, Rounding.NEAREST_AWAY, None),
+                                 (4, Rounding.NEAREST_EVEN, None), (8, Rounding.NEAREST_EVEN, 125)]:
+        kw = {"n": 8, "mantissa_bits_v": mv, "mantissa_bits_w": 8, "rounding": rounding,
+                  "static_exponent_code": static, "accumulators": False}
+        for xx in (x, x, x[::-1].copy(), x):
+            _same_results(M.mvm(xx, codes, qw, quantized_cache=cache, **kw),
+                          M.mvm(xx, codes, qw, **kw), (mv, rounding, static))
+    assert all(not a.flags.writeable for a in cache["q"][0] if isinstance(a, np.ndarray))

@@ -103,3 +103,66 @@ def test_block_helpers(shape):
     mask[..., :] |= rng.random(shape[:-1])[..., None] < 0.1        # whole blocks set
     got = M._block_count(mask)
     assert got.dtype == np.int64 and np.array_equal(got, mask.sum(-1))
+
+
+# --- the float32 form (dynamic exponent, large inputs) --------------------------------------
+
+
+def test_finite_fp16_to_f32_every_pattern():
+    got = M._finite_fp16_to_f32(FINITE)
+    want = FINITE.view(np.float16).astype(np.float32)
+    assert got.dtype == np.float32 and got.shape == FINITE.shape
+    # Bit for bit: signed zeros and subnormals included.
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    two_d = _blocks(FINITE[::7])
+    assert np.array_equal(M._finite_fp16_to_f32(two_d).view(np.uint32),
+                          two_d.view(np.float16).astype(np.float32).view(np.uint32))
+
+
+def test_fp16_log2_table():
+    mags = np.arange(1, 0x7C00, dtype=np.uint16)
+    want = np.floor(np.log2(mags.view(np.float16).astype(np.float64))).astype(np.int64)
+    assert M._FP16_LOG2[0] == -127
+    assert np.array_equal(M._FP16_LOG2[1:], want)
+
+
+def _check_f32(bits, m, rounding):
+    got = M._quantize_fp16_f32(bits, m, rounding)
+    ref = M._quantize_fp16_f64(bits, m, rounding, None)
+    assert got is not None and ref is not None
+    _same(got[0], ref[0], (m, rounding, "f32"))
+    _same(got[0], M._quantize_fp16_bfp(bits, m, rounding, None), (m, rounding, "bfp"))
+    values, grid, nzb = got[1]
+    r_values, r_grid, r_nzb = ref[1]
+    assert values.dtype == np.float32 and values.shape == r_values.shape
+    assert np.array_equal(values.view(np.uint32), r_values.view(np.uint32))   # -0 too
+    assert np.array_equal(grid, r_grid) and np.array_equal(nzb, r_nzb)
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("m", list(range(2, 17)))
+def test_f32_form_every_finite_pattern(m, rounding):
+    rng = np.random.default_rng(100 + m)
+    for bits in (FINITE, rng.permutation(FINITE)):
+        _check_f32(_blocks(bits), m, rounding)
+    sparse = rng.permutation(FINITE)[:8192].copy()
+    sparse[rng.random(sparse.size) < 0.7] = 0
+    _check_f32(_blocks(sparse).reshape(32, -1, 16), m, rounding)
+    # Blocks whose largest value rounds up past the top code (saturation), batch shape.
+    big = rng.integers(0x3C00, 0x3FFF, (64, 4, 16)).astype(np.uint16)
+    big[..., 0] = 0x3FFF
+    big[rng.random(big.shape) < 0.5] |= 0x8000
+    _check_f32(big, m, rounding)
+
+
+def test_f32_form_is_taken_and_refuses_nonfinite():
+    rng = np.random.default_rng(7)
+    bits = rng.choice(FINITE, (128, 16))
+    assert bits.size >= M._QUANTIZE_F32_MIN
+    qb, _ = M._quantize_values(bits, 6, Rounding.NEAREST_EVEN, None)
+    _same(qb, M._quantize_fp16_bfp(bits, 6, Rounding.NEAREST_EVEN, None), "public")
+    bits[5, 3] = 0x7C00
+    assert M._quantize_fp16_f32(bits, 6, Rounding.NEAREST_EVEN) is None
+    got = M.quantize_fp16(bits, 6)
+    assert got.nonfinite[5] == 1
+    _same(got, M._quantize_fp16_bfp(bits, 6, Rounding.NEAREST_EVEN, None), "nonfinite")
