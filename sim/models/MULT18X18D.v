@@ -1,7 +1,13 @@
-// Behavioural model of the Lattice ECP5 MULT18X18D, for simulation only, in the one
-// configuration hw/dsp.py instantiates: operand registers A and B and the output
-// register on CLK0/CE0, no pipeline register, no reset in use, SIGNEDA/SIGNEDB held
-// constant, no cascade or shift inputs (SOURCEA/SOURCEB low, C unused). Any other
+// Behavioural model of the Lattice ECP5 MULT18X18D, for simulation only, in the two
+// configurations this project's designs use:
+//
+// * registered, as hw/arith/dsp.py instantiates it: operand registers A and B and the
+//   output register on CLK0/CE0, no pipeline register, no reset in use, SIGNEDA/SIGNEDB
+//   held constant;
+// * combinational, as Yosys's synth_ecp5 maps a `$mul` to it (techmap dsp_map.v, every
+//   REG_*_CLK "NONE", the primitive's defaults): P is the product of the inputs now.
+//
+// In both, no cascade or shift inputs (SOURCEA/SOURCEB low, C unused). Any other
 // parameter value stops the simulation at time 0, so that a change of the instance
 // cannot be simulated by a model that does not describe it.
 //
@@ -10,7 +16,8 @@
 // sysDSP usage guide): P = A * B, 36 bits, each operand signed when its SIGNED input is
 // high; the operand registers and the output register load on the rising edge of CLK0
 // while CE0 is high; with both enabled, P is the product of the operands presented two
-// enabled edges earlier.
+// enabled edges earlier. tests/hw/test_dsp_hw.py tests the registered form,
+// tests/hw/test_ecp5_cells.py the combinational one (against Amaranth's `*`).
 /* verilator lint_off UNUSEDSIGNAL */
 /* verilator lint_off UNUSEDPARAM */
 module MULT18X18D (
@@ -34,11 +41,14 @@ module MULT18X18D (
     parameter GSR = "ENABLED";
     parameter RESETMODE = "SYNC";
 
+    // Combinational: no register at all; registered: inputs and output on CLK0/CE0.
+    localparam COMB = REG_INPUTA_CLK == "NONE" && REG_INPUTB_CLK == "NONE"
+                      && REG_OUTPUT_CLK == "NONE" && REG_PIPELINE_CLK == "NONE";
     initial begin
-        if (REG_INPUTA_CLK != "CLK0" || REG_INPUTB_CLK != "CLK0" || REG_OUTPUT_CLK != "CLK0"
+        if (!COMB && (REG_INPUTA_CLK != "CLK0" || REG_INPUTB_CLK != "CLK0" || REG_OUTPUT_CLK != "CLK0"
                 || REG_PIPELINE_CLK != "NONE" || REG_INPUTA_CE != "CE0"
-                || REG_INPUTB_CE != "CE0" || REG_OUTPUT_CE != "CE0") begin
-            $display("MULT18X18D model: only registered inputs and output on CLK0/CE0 are modelled");
+                || REG_INPUTB_CE != "CE0" || REG_OUTPUT_CE != "CE0")) begin
+            $display("MULT18X18D model: only no registers, or registered inputs and output on CLK0/CE0, are modelled");
             $finish;
         end
     end
@@ -53,6 +63,9 @@ module MULT18X18D (
     wire [35:0] a_ext = {{18{a_signed & a_reg[17]}}, a_reg};
     wire [35:0] b_ext = {{18{b_signed & b_reg[17]}}, b_reg};
     wire [35:0] product = a_ext * b_ext;
+    wire [35:0] a_now = {{18{SIGNEDA & a[17]}}, a};
+    wire [35:0] b_now = {{18{SIGNEDB & b[17]}}, b};
+    wire [35:0] p = COMB ? a_now * b_now : p_reg;
 
     always @(posedge CLK0) begin
         if (CE0) begin
@@ -63,40 +76,40 @@ module MULT18X18D (
             p_reg <= product;
         end
     end
-    assign P0 = p_reg[0];
-    assign P1 = p_reg[1];
-    assign P2 = p_reg[2];
-    assign P3 = p_reg[3];
-    assign P4 = p_reg[4];
-    assign P5 = p_reg[5];
-    assign P6 = p_reg[6];
-    assign P7 = p_reg[7];
-    assign P8 = p_reg[8];
-    assign P9 = p_reg[9];
-    assign P10 = p_reg[10];
-    assign P11 = p_reg[11];
-    assign P12 = p_reg[12];
-    assign P13 = p_reg[13];
-    assign P14 = p_reg[14];
-    assign P15 = p_reg[15];
-    assign P16 = p_reg[16];
-    assign P17 = p_reg[17];
-    assign P18 = p_reg[18];
-    assign P19 = p_reg[19];
-    assign P20 = p_reg[20];
-    assign P21 = p_reg[21];
-    assign P22 = p_reg[22];
-    assign P23 = p_reg[23];
-    assign P24 = p_reg[24];
-    assign P25 = p_reg[25];
-    assign P26 = p_reg[26];
-    assign P27 = p_reg[27];
-    assign P28 = p_reg[28];
-    assign P29 = p_reg[29];
-    assign P30 = p_reg[30];
-    assign P31 = p_reg[31];
-    assign P32 = p_reg[32];
-    assign P33 = p_reg[33];
-    assign P34 = p_reg[34];
-    assign P35 = p_reg[35];
+    assign P0 = p[0];
+    assign P1 = p[1];
+    assign P2 = p[2];
+    assign P3 = p[3];
+    assign P4 = p[4];
+    assign P5 = p[5];
+    assign P6 = p[6];
+    assign P7 = p[7];
+    assign P8 = p[8];
+    assign P9 = p[9];
+    assign P10 = p[10];
+    assign P11 = p[11];
+    assign P12 = p[12];
+    assign P13 = p[13];
+    assign P14 = p[14];
+    assign P15 = p[15];
+    assign P16 = p[16];
+    assign P17 = p[17];
+    assign P18 = p[18];
+    assign P19 = p[19];
+    assign P20 = p[20];
+    assign P21 = p[21];
+    assign P22 = p[22];
+    assign P23 = p[23];
+    assign P24 = p[24];
+    assign P25 = p[25];
+    assign P26 = p[26];
+    assign P27 = p[27];
+    assign P28 = p[28];
+    assign P29 = p[29];
+    assign P30 = p[30];
+    assign P31 = p[31];
+    assign P32 = p[32];
+    assign P33 = p[33];
+    assign P34 = p[34];
+    assign P35 = p[35];
 endmodule
