@@ -11,6 +11,7 @@
     npu [--json] export IMAGE.npz -o LAYER.py [--build BUILD]
     npu [--json] compile MODEL.onnx -o NET.npz [--config BUILD]
                          [--calibrate DATA.npy [--method mmse|max]
+                          [--rounding gptq|nearest]
                           [--accumulator-bits K [--overflow-threshold T]] [--device DEV]]
                          [--quant FILE.json]
     npu [--json] report NET.npz
@@ -83,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "float16/float32/float64 (rounded to FP16, nearest-even)")
     run.add_argument("-o", "--output", required=True,
                      help=".npy written with shape (jobs, outputs, n), float16")
-    run.add_argument("--window", type=int, default=4, help="runs in flight (default 4; a job of several runs counts each)")
+    run.add_argument("--window", type=int, default=4,
+                     help="runs in flight (default 4; a job of several runs counts each)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     deps = sub.add_parser("deps", parents=[common],
                           help="the dependency graph of an image's chains (no device)")
@@ -129,6 +131,10 @@ def _compile_parsers(sub, common) -> None:
     comp.add_argument("--method", choices=("mmse", "max"), default=None,
                       help="with --calibrate: least squared error (default) or the "
                            "device's max-based exponents")
+    comp.add_argument("--rounding", choices=("gptq", "nearest"), default=None,
+                      help="with --calibrate --method mmse: weight mantissas chosen by "
+                           "layer-output error (default) or rounded to nearest "
+                           "(docs/calibration.md section 7)")
     comp.add_argument("--accumulator-bits", type=int, default=None, metavar="K",
                       help="with --calibrate: range scaling (seed 000) until each layer's "
                            "narrow-accumulator events at K bits (1..64) plus saturations "
@@ -366,12 +372,15 @@ def _compile(args) -> None:
     from host.spec.config import parse_config
     if args.calibrate is None:
         for option, value in (("--method", args.method),
+                              ("--rounding", args.rounding),
                               ("--accumulator-bits", args.accumulator_bits),
                               ("--overflow-threshold", args.overflow_threshold)):
             if value is not None:
                 raise _UsageError(f"{option} needs --calibrate DATA.npy")
     if args.overflow_threshold is not None and args.accumulator_bits is None:
         raise _UsageError("--overflow-threshold needs --accumulator-bits K")
+    if args.rounding is not None and args.method == "max":
+        raise _UsageError("--rounding applies to --method mmse, not to max-based exponents")
     if args.quant is not None and args.calibrate is not None:
         raise _UsageError("--quant and --calibrate exclude each other: the quantization "
                           "file already holds the exponents")
@@ -391,7 +400,7 @@ def _compile(args) -> None:
             from host.quant import compile_calibrated
             net = compile_calibrated(
                 args.model, config, calibrate=args.calibrate, method=args.method or "mmse",
-                accumulator_bits=args.accumulator_bits,
+                rounding=args.rounding or "gptq", accumulator_bits=args.accumulator_bits,
                 overflow_threshold=args.overflow_threshold or 0, device=args.device,
                 timeout=args.timeout)
     except (OnnxImportError, CompileError) as exc:

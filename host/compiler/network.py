@@ -452,7 +452,8 @@ def _format_calibration(cal: dict) -> list:
             f"+{sc['offset']} {sc['policy']}" if sc else "-",
             "-" if err is None else f"{100 * err:.2f} %"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = [(f"calibration: method {cal.get('method')} on {cal.get('samples')} samples "
+    rounding = f", weight rounding {cal['rounding']}" if cal.get("rounding") else ""
+    out = [(f"calibration: method {cal.get('method')}{rounding} on {cal.get('samples')} samples "
             f"({cal.get('data')}); counts on {cal.get('device')}; output error against the "
             f"{cal.get('reference', 'float reference')}")]
     out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

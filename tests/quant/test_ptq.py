@@ -186,7 +186,7 @@ def test_calibration_report_and_errors(mlp_case):
     d = got.astype(np.float64) - ref
     assert cal["output_error"]["max_abs"] == pytest.approx(np.abs(d).max())
     text = format_report(net.report())
-    assert "calibration: method mmse on 64 samples" in text
+    assert "calibration: method mmse, weight rounding gptq on 64 samples" in text
     assert "network output error" in text
     # The report survives the image file.
     assert json.loads(json.dumps(net.report())) == net.report()
@@ -279,9 +279,17 @@ def test_cli_compile_calibrate_and_report(files, capsys):
     capsys.readouterr()
     assert main(["report", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "calibration: method mmse on 64 samples" in text and "fc0" in text
+    assert "calibration: method mmse, weight rounding gptq on 64 samples" in text
+    assert "fc0" in text
     assert main(["--json", "report", str(out)]) == 0
-    assert json.loads(capsys.readouterr().out)["calibration"]["samples"] == 64
+    report = json.loads(capsys.readouterr().out)
+    assert report["calibration"]["samples"] == 64
+    assert report["calibration"]["rounding"] == "gptq"
+    # --rounding nearest reaches the calibration: the image records it
+    near = files / "near.npz"
+    assert main(["compile", str(files / "m.onnx"), "-o", str(near), "--config", BUILD,
+                 "--calibrate", str(files / "calib.npy"), "--rounding", "nearest"]) == 0
+    assert NetworkImage.load(near).extra["report"]["calibration"]["rounding"] == "nearest"
 
 
 @pytest.mark.parametrize("make, args, says", [
@@ -309,6 +317,9 @@ def test_cli_bad_calibration_exits_2(files, capsys, make, args, says):
 @pytest.mark.parametrize("args, says", [
     (["--method", "max"], "--method needs --calibrate"),
     (["--accumulator-bits", "16"], "--accumulator-bits needs --calibrate"),
+    (["--rounding", "nearest"], "--rounding needs --calibrate"),
+    (["--calibrate", "{calib}", "--method", "max", "--rounding", "gptq"],
+     "--rounding applies to --method mmse"),
     (["--calibrate", "{calib}", "--overflow-threshold", "3"],
      "--overflow-threshold needs --accumulator-bits"),
 ])
