@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -193,6 +192,8 @@ def verilator_build(netlist: Path, build_dir: Path, *, log_file: Path) -> bool:
     """
     from cocotb_tools.runner import get_runner
 
+    from sim.runner import _patched_environ
+
     from sim.runner import _tool_version, setup_verilator_env
 
     setup_verilator_env()
@@ -207,22 +208,15 @@ def verilator_build(netlist: Path, build_dir: Path, *, log_file: Path) -> bool:
         shutil.rmtree(build_dir)
     build_dir.mkdir(parents=True)
     control = port_config(build_dir.parent / "ports.vlt")
-    saved = os.environ.get("MAKEFLAGS")
-    os.environ["MAKEFLAGS"] = MAKE_FLAGS
-    try:
-        get_runner("verilator").build(
-            sources=[control, Path(netlist), *CELL_MODELS], hdl_toplevel=NAME,
-            build_dir=build_dir,
-            build_args=list(VERILATOR_ARGS), timescale=TIMESCALE, waves=False, always=True,
-            log_file=log_file)
-    except (RuntimeError, SystemExit) as exc:
-        raise RuntimeError(f"Verilator build of the netlist failed ({exc}); log "
-                           f"{log_file}") from None
-    finally:
-        if saved is None:
-            os.environ.pop("MAKEFLAGS", None)
-        else:
-            os.environ["MAKEFLAGS"] = saved
+    with _patched_environ({"MAKEFLAGS": MAKE_FLAGS}):
+        try:
+            get_runner("verilator").build(
+                sources=[control, Path(netlist), *CELL_MODELS], hdl_toplevel=NAME,
+                build_dir=build_dir, build_args=list(VERILATOR_ARGS), timescale=TIMESCALE,
+                waves=False, always=True, log_file=log_file)
+        except (RuntimeError, SystemExit) as exc:
+            raise RuntimeError(f"Verilator build of the netlist failed ({exc}); log "
+                               f"{log_file}") from None
     key_file.write_text(key)
     return True
 
@@ -241,6 +235,8 @@ def run_tests(build_dir: Path, config, *, log_file: Path, tests=TESTS) -> list[d
 
     from cocotb_tools.runner import get_runner
 
+    from sim.runner import _patched_environ
+
     from sim.board import SIM_TRUNCATE_CYCLES
     from sim.runner import setup_verilator_env
 
@@ -252,22 +248,16 @@ def run_tests(build_dir: Path, config, *, log_file: Path, tests=TESTS) -> list[d
     results = run_dir / "results.xml"
     results.unlink(missing_ok=True)
     env = {"LINK_CONFIG": config.to_json(), "LINK_TRUNCATE": str(SIM_TRUNCATE_CYCLES)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)          # cocotb's runner lets os.environ beat extra_env
-    try:
-        get_runner("verilator").test(
-            test_module=list(dict.fromkeys(m for m, _ in tests)), hdl_toplevel=NAME,
-            hdl_toplevel_lang="verilog", build_dir=build_dir, test_dir=run_dir,
-            results_xml=str(results), testcase=[t for _, t in tests], extra_env=env,
-            timescale=TIMESCALE, log_file=log_file)
-    except (RuntimeError, SystemExit):
-        pass                        # the results file decides
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # cocotb's runner lets os.environ beat extra_env (sim.runner._patched_environ).
+    with _patched_environ(env):
+        try:
+            get_runner("verilator").test(
+                test_module=list(dict.fromkeys(m for m, _ in tests)), hdl_toplevel=NAME,
+                hdl_toplevel_lang="verilog", build_dir=build_dir, test_dir=run_dir,
+                results_xml=str(results), testcase=[t for _, t in tests], extra_env=env,
+                timescale=TIMESCALE, log_file=log_file)
+        except (RuntimeError, SystemExit):
+            pass                    # the results file decides
     if not results.is_file():
         raise RuntimeError(f"the simulation ended without a results file; log {log_file}")
     records = []
