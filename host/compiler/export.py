@@ -105,6 +105,12 @@ def _fields_override():
 #: ``(module name, global name) -> () -> (source, npz arrays)``.
 _OVERRIDES = {("host.numerics.unary", "_fields"): _fields_override}
 
+#: ``(module name, global name) -> (module name, function name)``: a definition bundled
+#: in place of the first (under its name), because the first reaches outside NumPy (the
+#: compiled BFP kernel, loaded with ctypes).
+_SUBSTITUTES = {("host.numerics.bfp", "_blocks_kernel"):
+                ("host.numerics.bfp", "_numpy_blocks_kernel")}
+
 
 class _Item:
     __slots__ = ("eager", "key", "lazy", "name", "source")
@@ -352,7 +358,10 @@ class _Bundler:
             self.data.update(data)
             return
         obj = module.__dict__[key[1]]
-        if isinstance(obj, (types.FunctionType, type)):
+        if key in _SUBSTITUTES:
+            node = self._definition(sys.modules[_SUBSTITUTES[key][0]], _SUBSTITUTES[key][1])
+            node.name = key[1]
+        elif isinstance(obj, (types.FunctionType, type)):
             node = self._definition(module, key[1])
         elif _literal(obj):
             item.source = f"{item.name} = {obj!r}\n"

@@ -12,18 +12,37 @@ per block.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from host.numerics import _ckernel
 from host.spec.formats import (
-    E8M0_BIAS, E8M0_NAN, EXP_MAX, EXP_MIN, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN,
-    ZERO_BLOCK_EXP, Rounding, block_bits, block_bytes, check_int, mantissa_max,
+    E8M0_BIAS,
+    E8M0_NAN,
+    EXP_MAX,
+    EXP_MIN,
+    MANTISSA_BITS_MAX,
+    MANTISSA_BITS_MIN,
+    ZERO_BLOCK_EXP,
+    Rounding,
+    block_bits,
+    block_bytes,
+    check_int,
+    mantissa_max,
 )
 
 __all__ = [
-    "BfpTensor", "quantize", "pack", "unpack",
-    "split_matrix", "merge_matrix", "split_vector", "merge_vector",
+    "BfpTensor",
+    "kernel",
+    "merge_matrix",
+    "merge_vector",
+    "pack",
+    "quantize",
+    "split_matrix",
+    "split_vector",
+    "unpack",
 ]
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
@@ -219,8 +238,13 @@ def _count_per_block(mask: np.ndarray, n: int, nblocks: int) -> np.ndarray:
 # --- fast host path ----------------------------------------------------------------------
 #
 # quantize() and pack() give exactly the results of _quantize_reference() and
-# _pack_reference() (tests/numerics/test_bfp_fast.py compares them bit for bit) at several
-# times their speed, with plain NumPy:
+# _pack_reference() (tests/numerics/test_bfp_fast.py and test_bfp_ckernel.py compare them
+# bit for bit) at several times their speed.
+#
+# For float32/float16 input they run the compiled C kernel (_bfp_kernel.c, built and loaded
+# by _ckernel.py; its top comment says why it is exact), unpack() too; kernel() says
+# whether it is in use. Without it (no gcc, a failed build, NPU_HOST_KERNEL=numpy) the
+# NumPy forms below run, with plain NumPy:
 #
 # * The tensor is processed in chunks of about _CHUNK elements, so that every temporary
 #   stays in the CPU cache and memory is read once and written once.
@@ -269,6 +293,9 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
     -------
     BfpTensor
 
+    float32 and float16 input goes through the compiled C kernel when it is available
+    (:func:`kernel`), other input and the errors through NumPy; the results are the same.
+
     Raises
     ------
     TypeError
@@ -301,7 +328,8 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
         if not valid:       # the reference raises the right error (inf/NaN come first)
             return _quantize_reference(x, n, m, rounding, exponent, nonfinite=nonfinite)
 
-    result = _quantize_blocks(_padded_blocks(x, n, nblocks), n, m, rounding, exps)
+    blocks, lib = _blocks_kernel()
+    result = blocks(x, n, m, rounding, exps, nblocks, lib)
     nonfinite_counts = None
     if result is None:                          # x has inf or NaN
         if nonfinite == "error":
@@ -311,7 +339,7 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
         bad = ~np.isfinite(work)
         big = np.finfo(x.dtype).max
         work = np.where(np.isnan(work), 0, np.clip(work, -big, big)).astype(work.dtype)
-        result = _quantize_blocks(_padded_blocks(work, n, nblocks), n, m, rounding, exps)
+        result = blocks(work, n, m, rounding, exps, nblocks, lib)
         nonfinite_counts = _count_per_block(bad, n, nblocks)
     exponents, q, saturations = result
     if nonfinite_counts is None:
@@ -322,6 +350,66 @@ def quantize(x, block_size: int, mantissa_bits: int, rounding="nearest-even",
         block_size=n, mantissa_bits=m, shape=tuple(x.shape),
         saturations=saturations.reshape(lead + (nblocks,)), nonfinite=nonfinite_counts,
     )
+
+
+def kernel() -> _ckernel.KernelStatus:
+    """Which kernel :func:`quantize` (of float32/float16 input), :func:`pack` and
+    :func:`unpack` use: ``("c", "compiled kernel <path>")`` or ``("numpy", why not C)``.
+
+    The C kernel (``host/numerics/_bfp_kernel.c``) is compiled with gcc on first use and
+    cached (``$NPU_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/bfp-npu`` or
+    ``~/.cache/bfp-npu``); ``NPU_HOST_KERNEL=numpy`` forces the NumPy path, and
+    ``NPU_HOST_KERNEL=c`` makes a failed build an error. Both give identical results.
+    """
+    return _ckernel.status()
+
+
+def _blocks_kernel():
+    """``(quantize, library)``: :func:`_quantize_c` and the compiled kernel when it is
+    built, else :func:`_quantize_numpy` and None."""
+    lib = _ckernel.library()
+    return (_quantize_numpy, None) if lib is None else (_quantize_c, lib)
+
+
+def _numpy_blocks_kernel():
+    """:func:`_blocks_kernel` without the compiled kernel: what an exported layer
+    bundles in its place (it imports only NumPy, ``host.compiler.export``)."""
+    return _quantize_numpy, None
+
+
+def _quantize_numpy(x, n, m, rounding, exps, nblocks, lib=None):
+    """The NumPy fast path: see :func:`_quantize_blocks`."""
+    return _quantize_blocks(_padded_blocks(x, n, nblocks), n, m, rounding, exps)
+
+
+def _quantize_c(x, n, m, rounding, exps, nblocks, lib):
+    """The C kernel (``bfp_quantize_f32``) on float32/float16 ``x``: exponents (int16),
+    mantissas (int16, blocks x n) and saturation counts (int64); None if ``x`` has an inf
+    or NaN. ``exps`` is None (dynamic) or the int32 exponents, one per block, validated."""
+    work = np.ascontiguousarray(x, dtype=np.float32)    # a copy only if needed (or float16)
+    length = work.shape[-1]
+    rows = math.prod(work.shape[:-1])
+    count = rows * nblocks
+    exponents = np.empty(count, np.int16)
+    q = np.empty((count, n), np.int16)
+    saturations = np.zeros(count, np.int64)     # the kernel writes only non-zero counts
+    if count == 0:
+        return exponents, q, saturations
+    exps_ptr = None
+    if exps is not None:
+        exps = np.ascontiguousarray(exps, dtype=np.int32)
+        if exps.shape != (count,):
+            raise ValueError(f"internal: {exps.shape} static exponents for {count} blocks")
+        exps_ptr = exps.ctypes.data
+    rc = lib.bfp_quantize_f32(work.ctypes.data, rows, length, n, m,
+                              int(rounding is Rounding.NEAREST_AWAY), exps_ptr,
+                              exponents.ctypes.data, q.ctypes.data, saturations.ctypes.data)
+    if rc == _ckernel.NONFINITE:
+        return None
+    if rc != _ckernel.OK:
+        raise _ckernel.KernelError(f"bfp_quantize_f32 failed: {_ckernel.error_message(rc)} "
+                                   f"(shape {x.shape}, block_size={n}, mantissa_bits={m})")
+    return exponents, q, saturations
 
 
 def _padded_blocks(x: np.ndarray, n: int, nblocks: int) -> np.ndarray:
@@ -505,7 +593,8 @@ def pack(t: BfpTensor) -> np.ndarray:
     Each block becomes ``block_bytes(block_size, mantissa_bits)`` bytes: the E8M0 code,
     then the mantissas as ``m``-bit two's complement fields, least significant bit first,
     zero padded to a whole byte (the bits of :func:`host.spec.formats.block_layout`). Blocks
-    follow one another in C order of ``t.exponents``.
+    follow one another in C order of ``t.exponents``. Runs the compiled C kernel when it is
+    available (:func:`kernel`), else NumPy; the bytes are the same.
 
     Returns
     -------
@@ -514,6 +603,10 @@ def pack(t: BfpTensor) -> np.ndarray:
     if not isinstance(t, BfpTensor):
         raise TypeError(f"pack expects a BfpTensor, not {type(t).__name__}")
     n, m = t.block_size, t.mantissa_bits
+    lib = _ckernel.library()
+    if (lib is not None and t.mantissas.dtype.kind in "iu"
+            and t.exponents.dtype.kind in "iu"):
+        return _pack_c(t, lib)
     if (m not in (2, 4, 8, 16) or (n * m) % 8 or not np.little_endian
             or t.mantissas.dtype.kind not in "iu"):
         return _pack_reference(t)           # general widths: the bit-level reference
@@ -550,6 +643,26 @@ def pack(t: BfpTensor) -> np.ndarray:
     return out.reshape(-1)
 
 
+def _pack_c(t: BfpTensor, lib) -> np.ndarray:
+    """:func:`pack` by the C kernel (``bfp_pack``), any width and block size."""
+    n, m = t.block_size, t.mantissa_bits
+    # The E8M0 code is the low 8 bits of e + 127, and a field the low m bits of its
+    # mantissa: casts to int16 keep both (as exponent_codes and the reference do).
+    exps = np.ascontiguousarray(t.exponents, dtype=np.int16).reshape(-1)
+    q = np.ascontiguousarray(t.mantissas, dtype=np.int16).reshape(-1)
+    count = exps.size
+    if q.size != count * n:
+        raise ValueError(f"mantissas of shape {t.mantissas.shape} do not fill {count} blocks "
+                         f"of {n}")
+    out = np.empty(count * block_bytes(n, m), np.uint8)
+    if count:
+        rc = lib.bfp_pack(exps.ctypes.data, q.ctypes.data, count, n, m, out.ctypes.data)
+        if rc != _ckernel.OK:
+            raise _ckernel.KernelError(f"bfp_pack failed: {_ckernel.error_message(rc)} "
+                                       f"(block_size={n}, mantissa_bits={m})")
+    return out
+
+
 def unpack(data, shape, block_size: int, mantissa_bits: int) -> BfpTensor:
     """Read a tensor of the given (unpadded) ``shape`` back from :func:`pack`'s bytes.
 
@@ -580,29 +693,62 @@ def unpack(data, shape, block_size: int, mantissa_bits: int) -> BfpTensor:
     if buf.size != count * nbytes:
         raise ValueError(f"data has {buf.size} bytes; shape {shape} with block_size={n}, "
                          f"mantissa_bits={m} needs {count * nbytes}")
-    rows = buf.reshape(count, nbytes)
-    codes, q = _unpack_fields(rows, n, m)
-    if (codes == E8M0_NAN).any():
-        i = int(np.argmax(codes == E8M0_NAN))
-        raise ValueError(f"block {i} has the reserved exponent code 0xFF")
-    lowest = -(1 << (m - 1))
-    if (q == lowest).any():
-        i = int(np.argwhere(q == lowest)[0][0])
-        raise ValueError(f"block {i} has mantissa {lowest}, outside the symmetric range "
-                         f"+-{mantissa_max(m)}")
-    spare = nbytes * 8 - block_bits(n, m)
-    if spare and (rows[:, -1] >> (8 - spare)).any():
-        i = int(np.argmax(rows[:, -1] >> (8 - spare)))
-        raise ValueError(f"block {i} has non-zero padding bits")
+    lib = _ckernel.library()
+    if lib is not None:
+        exponents, q, bad = _unpack_c(buf, count, n, m, lib)
+        for kind, i in enumerate(bad):
+            if i >= 0:
+                raise ValueError(_unpack_error(kind, i, m))
+    else:
+        rows = buf.reshape(count, nbytes)
+        codes, q = _unpack_fields(rows, n, m)
+        if (codes == E8M0_NAN).any():
+            raise ValueError(_unpack_error(0, int(np.argmax(codes == E8M0_NAN)), m))
+        lowest = -(1 << (m - 1))
+        if (q == lowest).any():
+            raise ValueError(_unpack_error(1, int(np.argwhere(q == lowest)[0][0]), m))
+        spare = nbytes * 8 - block_bits(n, m)
+        if spare and (rows[:, -1] >> (8 - spare)).any():
+            # The first such block (argmax of the padding values would give the largest).
+            padded = (rows[:, -1] >> (8 - spare)) != 0
+            raise ValueError(_unpack_error(2, int(np.argmax(padded)), m))
+        exponents = codes.astype(np.int16) - E8M0_BIAS
     mant = q.reshape(lead + (nblocks * n,))
     if (mant[..., shape[-1]:] != 0).any():
         raise ValueError("a mantissa in the zero padding past the last axis is not zero")
     zeros = np.zeros(lead + (nblocks,), np.int64)
     return BfpTensor(
-        exponents=(codes.astype(np.int16) - E8M0_BIAS).reshape(lead + (nblocks,)),
+        exponents=exponents.reshape(lead + (nblocks,)),
         mantissas=mant, block_size=n, mantissa_bits=m, shape=shape,
         saturations=zeros, nonfinite=zeros.copy(),
     )
+
+
+def _unpack_error(kind: int, block: int, m: int) -> str:
+    """The message of :func:`unpack`'s check ``kind`` (in the order they are made: 0 the
+    reserved code, 1 the mantissa -2**(m-1), 2 padding bits) failing first at ``block``."""
+    if kind == 0:
+        return f"block {block} has the reserved exponent code 0xFF"
+    if kind == 1:
+        return (f"block {block} has mantissa {-(1 << (m - 1))}, outside the symmetric range "
+                f"+-{mantissa_max(m)}")
+    return f"block {block} has non-zero padding bits"
+
+
+def _unpack_c(buf: np.ndarray, count: int, n: int, m: int, lib):
+    """The C kernel's unpack (``bfp_unpack``) of ``count`` blocks: exponents (int16),
+    mantissas (int16, count x n) and the first block with each error (see :func:`unpack`)."""
+    buf = np.ascontiguousarray(buf)
+    exponents = np.empty(count, np.int16)
+    q = np.empty((count, n), np.int16)
+    bad = np.full(3, -1, np.int64)
+    if count:
+        rc = lib.bfp_unpack(buf.ctypes.data, count, n, m, exponents.ctypes.data,
+                            q.ctypes.data, bad.ctypes.data)
+        if rc != _ckernel.OK:
+            raise _ckernel.KernelError(f"bfp_unpack failed: {_ckernel.error_message(rc)} "
+                                       f"(block_size={n}, mantissa_bits={m})")
+    return exponents, q, [int(i) for i in bad]
 
 
 # --- native tiles ----------------------------------------------------------------------
