@@ -224,13 +224,23 @@ def _print(args, data: dict, text: str) -> None:
     print(json.dumps(data) if args.json else text)
 
 
+def _info_value(value) -> str:
+    """An INFO value as ``npu info`` prints it: a list of names joined by commas, the unit
+    sets (one list of unit names per MFU) in their ``parse_config`` form
+    (``addsub+mul+reduce / addsub+mul+act``)."""
+    if isinstance(value, list):
+        if value and isinstance(value[0], list):
+            return " / ".join("+".join(units) for units in value)
+        return ", ".join(value)
+    return str(value)
+
+
 def _info(dev, args, *_) -> None:
     info = dev.info()
     width = max(map(len, info))
     _print(args, {"device": dev.transport.name, **info},
            "\n".join([f"{'device':<{width}}  {dev.transport.name}"]
-                     + [f"{k:<{width}}  {', '.join(v) if isinstance(v, list) else v}"
-                        for k, v in info.items()]))
+                     + [f"{k:<{width}}  {_info_value(v)}" for k, v in info.items()]))
 
 
 def _counters(dev, args, *_) -> None:

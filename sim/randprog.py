@@ -1,9 +1,10 @@
 """Random legal programs for soak tests of the model, the assembler and (later) the core.
 
 :func:`random_program` draws, from a seed, a :class:`~host.compiler.programs.Program` of legal
-chains: random reads (input queue, InitialVrf, any MFU VRF), optional products with random
-logical shapes, windows and matrices, random element-wise, unary and reduction ops with
-operands in the VRFs they are allocated to, one to three writes, iterations with
+chains: random reads (input queue, InitialVrf, any MFU VRF of the build), optional products
+with random logical shapes, windows and matrices, random element-wise, unary and reduction
+ops that the build's MFUs (and unit sets) take, with operands in the VRFs they are
+allocated to, one to three writes, iterations with
 ``*_inc`` addressing, and random quantizer registers. Its memory image fills every vector
 memory with random FP16 values (a few zeros, subnormals, maxima, infinities and NaNs
 among them), so the outputs include the documented non-finite results.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from host.spec.config import NpuConfig
-from host.spec.isa import Instruction, Reg, Space
+from host.spec.isa import Instruction, Reg, Space, vector_spaces
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.compiler.programs import Program
 
@@ -64,8 +65,7 @@ class _Gen:
         self.in_room = config.netq_depth
         self.out_room = config.netq_depth
         self.outputs = 0
-        self.spaces = [Space.IVRF] + [s for m in range(config.mfus)
-                                      for s in (Space.asvrf(m), Space.mulvrf(m))]
+        self.spaces = list(vector_spaces(config))    # the VRFs the unit sets build
 
     def depth(self, space):
         return self.cfg.ivrf_depth if space is Space.IVRF else self.cfg.vrf_depth
@@ -155,12 +155,12 @@ class _Gen:
             else:
                 kinds.append(MfuOp.reduce(("max", "sum")[self.rint(0, 1)]))
             try:
-                allocate(kinds, cfg.mfus)
+                allocate(kinds, cfg.mfus, cfg.unit_sets)
             except ValueError:
                 kinds.pop()
                 break
         op_instrs = []
-        for m, placed in enumerate(allocate(kinds, cfg.mfus)):
+        for m, placed in enumerate(allocate(kinds, cfg.mfus, cfg.unit_sets)):
             for op in placed:
                 if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
                     space = Space.asvrf(m) if op.unit is MfuUnit.ADDSUB else Space.mulvrf(m)

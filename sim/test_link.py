@@ -33,7 +33,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from host.spec import protocol as p
 from host.compiler.asm import assemble
 from host.spec.config import NpuConfig
-from host.spec.isa import Instruction as I, Space, encode_program
+from host.spec.isa import Instruction as I, Space, encode_program, vector_spaces
 from host.model.core import NpuModel
 from host.spec.protocol import MAX_PAYLOAD, Opcode, Status
 from sim.randprog import random_fp16
@@ -206,7 +206,7 @@ class LinkTB:
     async def digest(self):
         """Every word of every memory, the counters and the status, compared."""
         c = self.config
-        spaces = [Space.IVRF, Space.MRF] + [Space(2 + k) for k in range(2 * c.mfus)]
+        spaces = [Space.IVRF, Space.MRF] + list(vector_spaces(c)[1:])
         for space in spaces:
             depth = p.space_depth(c, space.value)
             per = (MAX_PAYLOAD - 1) // p.word_bytes(c, space.value)
@@ -358,9 +358,13 @@ async def test_errors(dut):
                p.encode_frame(Opcode.PUSH_INPUT, 6),
                p.encode_frame(Opcode.LOAD_PROGRAM, 6, bytes(12)),
                p.encode_frame(Opcode.LOAD_PROGRAM, 6, bytes(4))]
-    # Spaces, counts, addresses.
-    for space in (0, 2 + 2 * c.mfus, 10, 14, 16, 255):
+    # Spaces (with the VRFs the unit sets leave out, if any), counts, addresses.
+    absent = [s for s in range(2, 2 + 2 * c.mfus) if p.space_depth(c, s) is None]
+    for space in (0, 2 + 2 * c.mfus, 10, 14, 16, 255, *absent):
         frames.append(p.encode_frame(Opcode.READ, 8, p.pack_access(space, 0, 1)))
+    for space in absent:
+        frames.append(p.encode_frame(Opcode.WRITE, 8, p.pack_access(space, 0, 1)
+                                     + vectors(rng, 1, n)))
     frames += [
         p.encode_frame(Opcode.READ, 9, p.pack_access(1, 0, 0)),
         p.encode_frame(Opcode.READ, 9, p.pack_access(1, 0, (MAX_PAYLOAD - 1) // (2 * n) + 1)),
@@ -453,7 +457,7 @@ class FrameFuzzer:
         if kind == 0:
             return self._frame(Opcode.INFO)
         if kind in (1, 2):
-            space = int(rng.choice([1, 15] + [2 + k for k in range(2 * c.mfus)]))
+            space = int(rng.choice([1, 15] + [s.value for s in vector_spaces(c)[1:]]))
             depth = p.space_depth(c, space)
             count = int(rng.integers(1, min(depth, 6) + 1))
             addr = int(rng.integers(0, depth - count + 1))

@@ -21,7 +21,9 @@ Each runs with and without stalls (random idle cycles on ``chain``, ``i_stream``
 
 Parameters come from the environment (set by ``tests/hw/test_mfu_hw.py``): ``MFU_N``,
 ``MFU_MFUS``, ``MFU_VRF_DEPTH``, ``MFU_MAX_LENGTH``, ``MFU_COUNTER_BITS``, ``MFU_OPS``
-(comma-separated unary ops, default all) and ``MFU_CHAINS`` (random chains per run).
+(comma-separated unary ops, default all), ``MFU_UNIT_SETS`` (the text form of
+``host.spec.mfu.parse_unit_sets``, default every unit in every MFU; the random chains and
+VRF contents follow it) and ``MFU_CHAINS`` (random chains per run).
 """
 
 from __future__ import annotations
@@ -59,7 +61,8 @@ def config_from_env() -> MfuConfig:
                      vrf_depth=int(os.environ.get("MFU_VRF_DEPTH", "16")),
                      max_length=int(os.environ.get("MFU_MAX_LENGTH", "8")),
                      unary_ops=ops,
-                     counter_bits=int(os.environ.get("MFU_COUNTER_BITS", "32")))
+                     counter_bits=int(os.environ.get("MFU_COUNTER_BITS", "32")),
+                     unit_sets=os.environ.get("MFU_UNIT_SETS") or None)
 
 
 def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
@@ -131,7 +134,7 @@ def random_chain(rng, cfg):
     while True:
         ops = [random_op(rng, cfg, length) for _ in range(int(rng.integers(0, 9)))]
         try:
-            allocate(ops, cfg.mfus)
+            allocate(ops, cfg.mfus, cfg.unit_sets)
         except ValueError:
             continue
         return ops, length, int(rng.integers(1, cfg.n + 1))
@@ -196,8 +199,9 @@ class TB:
         cfg = self.cfg
         for mfu in range(cfg.mfus):
             for bank in VrfBank:
-                self.write_vrf(mfu, bank, 0,
-                               random_values(self.rng, (cfg.vrf_depth, cfg.n)))
+                if cfg.has_vrf(mfu, bank):
+                    self.write_vrf(mfu, bank, 0,
+                                   random_values(self.rng, (cfg.vrf_depth, cfg.n)))
         await self.writes_done()
 
     async def writes_done(self):

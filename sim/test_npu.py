@@ -14,7 +14,10 @@ output vector, every word of every vector memory and every counter.
 * ``test_illegal``: illegal programs (each error code), the flag, ``pc``, and memories and
   queues as the model leaves them (a legal chain before the illegal one did run);
 * ``test_host_errors``: refused host requests: the code, and nothing changed;
-* ``test_random``: ``NPU_CHAINS`` chains of :func:`sim.randprog.random_program`.
+* ``test_random``: ``NPU_CHAINS`` chains of :func:`sim.randprog.random_program`;
+* ``test_unit_sets`` (a build with the unit sets of :data:`UNIT_SETS`): chains whose ops
+  move past the MFUs without their unit, a chain that cannot be placed, and the VRF the
+  unit sets leave out refused to chains and to the host.
 
 Parameters come from the environment (``tests/hw/test_npu_hw.py``): ``NPU_CONFIG`` (JSON of
 ``NpuConfig`` fields), ``NPU_CHAINS``, ``NPU_SEED`` (the random seed; logged). Idle cycles
@@ -38,7 +41,7 @@ from host.numerics import bfp
 from host.compiler.asm import _parse_line, assemble
 from host.spec.config import NpuConfig
 from host.spec.formats import Rounding
-from host.spec.isa import ErrorCode, Space, decode_program, mrf_location
+from host.spec.isa import ErrorCode, Space, decode_program, mrf_location, vector_spaces
 from host.spec.counters import MVM_COUNTERS
 from host.model.core import NpuError, NpuModel
 from host.compiler.programs import Program
@@ -107,8 +110,7 @@ class TB:
         self.l_mrf_w = mrf_word_layout(mvm)
         self.l_rows = weight_row_layout(mvm)
         self.l_mrf_r = mrf_address_layout(mvm)
-        self.spaces = [Space.IVRF] + [s for m in range(cfg.mfus)
-                                      for s in (Space.asvrf(m), Space.mulvrf(m))]
+        self.spaces = list(vector_spaces(cfg))      # the VRFs its unit sets build
 
     async def reset(self):
         dut = self.dut
@@ -592,3 +594,81 @@ async def test_random(dut, stalls):
         if k % 20 == 0:                 # a long soak (NPU_CHAINS) shows how far it got
             tb.log.info("%d of %d random chains, no mismatch", done, total)
     tb.log.info("%d random chains in %d programs, no mismatch", done, k)
+
+
+#: The unit sets ``test_unit_sets`` is written for (``tests/hw/test_npu_hw.py`` builds
+#: them): REDUCE only in MFU 0, ACT only in MFU 1, no ADDSUB (so no AddSubVrf) in MFU 1.
+UNIT_SETS = "addsub+mul+reduce/mul+act"
+
+#: (what, program, the error the model and the core must give).
+UNIT_SET_PROGRAMS = [
+    ("relu moves to MFU 1, the multiply follows it there",
+     ("s_wr rows, {big}\nv_rd ivrf, 0\nv_relu\nvv_mul 2\nv_wr netq\nv_wr mulvrf1, 6\n"
+      "end_chain\nend"), ErrorCode.NONE),
+    ("add and reduce in MFU 0, exp and multiply in MFU 1",
+     ("s_wr rows, {odd}\nv_rd ivrf, 3\nvv_add 1\nv_max_reduce\nv_exp\nvv_mul 0\n"
+      "v_wr ivrf, 20\nv_wr mulvrf0, 9\nend_chain\n"
+      "v_rd mulvrf1, 1\nvv_b_sub_a 4\nv_sum_reduce\nv_recip\nv_wr netq\nend_chain\nend"),
+     ErrorCode.NONE),
+    ("an add after relu: no later MFU has ADDSUB",
+     "v_rd ivrf, 0\nv_relu\nvv_add 0\nv_wr ivrf, 4\nend_chain\nend",
+     ErrorCode.CHAIN_STRUCTURE),
+    ("a reduction after tanh",
+     "v_rd ivrf, 0\nv_tanh\nv_sum_reduce\nv_wr ivrf, 4\nend_chain\nend",
+     ErrorCode.CHAIN_STRUCTURE),
+    ("v_wr of the AddSubVrf MFU 1 lacks",
+     "v_rd ivrf, 0\nv_relu\nv_wr ivrf, 4\nv_wr asvrf1, 0\nend_chain\nend",
+     ErrorCode.ILLEGAL_FIELD),
+    ("v_rd of the AddSubVrf MFU 1 lacks",
+     "v_rd asvrf1, 0\nv_wr ivrf, 4\nend_chain\nend", ErrorCode.ILLEGAL_FIELD),
+    ("the relu chain again after the errors",
+     "v_rd ivrf, 5\nv_relu\nvv_mul 2\nv_wr netq\nend_chain\nend", ErrorCode.NONE),
+]
+
+
+@cocotb.test()
+async def test_unit_sets(dut):
+    """A build with per-MFU unit sets: placement, refusals and the VRF left out."""
+    from host.spec.mfu import parse_unit_sets
+    tb = await setup(dut, stalls=False)
+    cfg, n = tb.cfg, tb.n
+    assert cfg.unit_sets == parse_unit_sets(UNIT_SETS, cfg.mfus), \
+        f"test_unit_sets is written for unit sets {UNIT_SETS}, the build has {cfg.unit_sets}"
+    assert Space.ASVRF1 not in tb.spaces
+    img = Image(tb)
+    fmt = {"big": 2 * n, "odd": 2 * n - 3}
+    for what, text, code in UNIT_SET_PROGRAMS:
+        model = await fresh(tb)
+        prog = img.program(text.format(**fmt), checked=False)
+        result, _ = await tb.run_program(model, prog, what)
+        assert result.error is code, f"{what}: the model says {result.error.name} " \
+                                     f"({result.message}), the bench expected {code.name}"
+        if code is not ErrorCode.NONE:
+            await tb.pulse("error_clear")
+            await RisingEdge(dut.clk)
+    # The host's writes and reads of the VRF the unit sets leave out: ILLEGAL_FIELD, as
+    # for an MFU the build does not have; a refused read answers zeros.
+    model = await fresh(tb)
+    vec = np.full((1, n), 0x3C00, np.uint16)
+    for what, hw_op, model_op in [
+            ("write", lambda: tb.write_vectors(Space.ASVRF1, 0, vec),
+             lambda: model.write(Space.ASVRF1, 0, vec)),
+            ("read", lambda: tb.src["vec_r_req"].send(
+                [pack(tb.l_vec_r, space=Space.ASVRF1.value, addr=0)]),
+             lambda: model.read(Space.ASVRF1, 0, 1))]:
+        try:
+            model_op()
+        except NpuError as e:
+            code = e.code
+        else:
+            raise AssertionError(f"{what}: the model accepted it")
+        hw_op()
+        await tb.drain(*tb.src)
+        if what == "read":
+            (word,) = await tb.take("vec_r_resp", 1)
+            assert word == 0, f"refused read answered {word:#x}"
+        got = ErrorCode(int(dut.access_error.value))
+        assert got is code is ErrorCode.ILLEGAL_FIELD, f"{what}: {got.name}, model {code.name}"
+        await tb.pulse("error_clear")
+        await RisingEdge(dut.clk)
+    await tb.compare(model, "after the refused requests")

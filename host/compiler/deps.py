@@ -53,6 +53,7 @@ from host.spec.isa import (
     mnemonic,
     parse_chain,
     register_limits,
+    vector_spaces,
 )
 from host.spec.mfu import MfuUnit, allocate
 
@@ -297,7 +298,7 @@ def _analyse(config, index, chain, setup, regs, fetch, q_in, q_out) -> ChainInfo
     used = {Reg.ROWS, Reg.ITERATIONS}
     # The VRF of every vv operand, by the allocation rule (as the model places them).
     try:
-        placed = allocate(chain_mfu_ops(chain), config.mfus)
+        placed = allocate(chain_mfu_ops(chain), config.mfus, config.unit_sets)
     except ValueError as exc:
         raise ValueError(f"instruction {at}: the chain's ops do not fit the MFUs: "
                          f"{exc}") from None
@@ -305,7 +306,7 @@ def _analyse(config, index, chain, setup, regs, fetch, q_in, q_out) -> ChainInfo
                       if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL)])
     for ins in (chain.read,) + chain.writes:
         s = ins.space
-        if s not in (Space.NETQ, Space.IVRF) and (s.mfu is None or s.mfu >= config.mfus):
+        if s is not Space.NETQ and s not in vector_spaces(config):
             raise ValueError(f"instruction {at}: {mnemonic(ins)}: {s.name} does not exist "
                              f"in this build")
     reads, writes, parts = {}, {}, []

@@ -47,7 +47,7 @@ from host.numerics import unary as _unary
 from host.spec.config import NpuConfig
 from host.spec.counters import counter_names
 from host.spec.image import NetworkImage
-from host.spec.isa import Opcode, Reg, Space
+from host.spec.isa import Opcode, Reg, Space, vector_spaces
 from host.spec.mfu import MfuUnit, allocate
 
 __all__ = ["KERNEL_ROOTS", "ExportError", "bundle_source", "export_image"]
@@ -679,7 +679,7 @@ def _chain_source(index, rec, weights, cfg, groups=None) -> tuple[str, str]:
     else:
         lines.append(f"{ind}y = x")
     if plan["ops"]:
-        placed = allocate(plan["ops"], cfg.mfus)
+        placed = allocate(plan["ops"], cfg.mfus, cfg.unit_sets)
         vv = [ins for ins in chain.ops if ins.opcode is Opcode.VV]
         k = 0
         for m, ops in enumerate(placed):
@@ -881,8 +881,9 @@ def _build_text(config) -> str:
 
 
 def _config_value(v):
-    if isinstance(v, tuple):
-        return "(" + ", ".join(op.name.lower() for op in v) + ")"
+    if isinstance(v, tuple):            # unary_ops (names), unit_sets (one tuple per MFU)
+        return "(" + ", ".join(_config_value(op) if isinstance(op, tuple)
+                               else op.name.lower() for op in v) + ")"
     return repr(v)
 
 
@@ -948,8 +949,7 @@ def export_image(image, path, *, config: NpuConfig | None = None,
     scratch = NpuModel(cfg)
     for space, addr, mem in image.memories:
         scratch.write(space, addr, mem)
-    spaces = [Space.IVRF] + [s for m in range(cfg.mfus)
-                             for s in (Space.asvrf(m), Space.mulvrf(m))]
+    spaces = vector_spaces(cfg)                 # the VRFs the build has (unit sets)
     for space in spaces:
         depth = cfg.ivrf_depth if space is Space.IVRF else cfg.vrf_depth
         arrays[f"state/{_space_name(space)}"] = scratch.read(space, 0, depth)

@@ -55,7 +55,7 @@ from host.compiler.layers import CompileError, LayerInfo
 from host.compiler.lower_rnn import emit_recurrent
 from host.compiler.programs import Builder, Ref
 from host.spec.config import NpuConfig
-from host.spec.isa import MAX_WRITES, Space, operand_vrf
+from host.spec.isa import MAX_WRITES, Space, operand_vrf, vector_spaces
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.spec.ops import UnaryOp
 
@@ -306,10 +306,10 @@ def _mfu_ops(ops) -> list:
     return out
 
 
-def _spaces(ops, mfus: int) -> list:
-    """The VRF each ``vv`` op of a chain reads its operand from (allocation order), or
-    raises ValueError when the ops do not fit the MFUs."""
-    placed = allocate(_mfu_ops(ops), mfus)
+def _spaces(ops, config: NpuConfig) -> list:
+    """The VRF each ``vv`` op of a chain reads its operand from (allocation order, with
+    the build's unit sets), or raises ValueError when the ops do not fit the MFUs."""
+    placed = allocate(_mfu_ops(ops), config.mfus, config.unit_sets)
     return [operand_vrf(op.unit, m) for m, mops in enumerate(placed) for op in mops
             if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL)]
 
@@ -501,7 +501,7 @@ class _Plan:
                 continue
             ops = self.node_ops(node, chain)
             try:
-                _spaces(self.base_ops(st) + st["ops"] + ops, self.config.mfus)
+                _spaces(self.base_ops(st) + st["ops"] + ops, self.config)
             except ValueError:
                 continue
             st["ops"] += ops
@@ -645,10 +645,12 @@ class _Plan:
                 max(0, (ow - 1) * sw + kw - l - xs.w))
 
     def chains_ops(self, st) -> list:
-        """Every op list of the stage's chains that reads a tensor operand."""
+        """The op lists of the stage's chains whose fit the planning checks: every one
+        that reads a tensor operand (and softmax's second chain)."""
         if st["kind"] == "softmax":
             return [[("reduce", "max"), ("vv", "b_sub_a", ("t", st["src"])),
-                     ("unary", "exp")]]
+                     ("unary", "exp")],
+                    [("reduce", "sum"), ("unary", "recip"), ("vv", "mul", None)]]
         return [self.base_ops(st) + st["ops"]]
 
     def _collect(self):
@@ -668,7 +670,7 @@ class _Plan:
                 readers.setdefault(st["src"], []).append((k, ring, fill))
             for ops in self.chains_ops(st):
                 try:
-                    spaces = _spaces(ops, self.config.mfus)
+                    spaces = _spaces(ops, self.config)
                 except ValueError as exc:
                     raise CompileError(f"{st['nodes'][0].where()}: its chain does not fit "
                                        f"the build's {self.config.mfus} MFUs: {exc}") from None
@@ -771,10 +773,8 @@ class _Emitter:
         self.n = cfg.n
         self.bld = Builder(cfg)
         self.ivrf = _Memory(Space.IVRF, cfg.ivrf_depth, "ivrf_depth")
-        self.vrfs = {}
-        for m in range(cfg.mfus):
-            for s in (Space.asvrf(m), Space.mulvrf(m)):
-                self.vrfs[s] = _Memory(s, cfg.vrf_depth, "vrf_depth", reserve.get(s, 0))
+        self.vrfs = {s: _Memory(s, cfg.vrf_depth, "vrf_depth", reserve.get(s, 0))
+                     for s in vector_spaces(cfg)[1:]}
         self.mems = {Space.IVRF: self.ivrf, **self.vrfs}
         self.slot_next = 0
         self.job_vectors = []
@@ -867,7 +867,8 @@ class _Emitter:
         n, cfg = self.n, self.config
         for start, length, count, stride in h.ring_runs():
             size = _divisors_up_to(length, cfg.max_length)
-            src = self.const(_Const(np.full(size * n, h.fill)), Space.mulvrf(cfg.mfus - 1),
+            # any vector memory will do for the constant: the build's last VRF
+            src = self.const(_Const(np.full(size * n, h.fill)), vector_spaces(cfg)[-1],
                              1, (1, 1), head)
             src_ref = Ref(src.target, src.base, size)
             dst = h.ref.addr + start
@@ -907,7 +908,7 @@ class _Emitter:
         every access advances evenly over the grid, else one chain per row."""
         cfg, n = self.config, self.n
         gh, gw = grid
-        spaces = iter(_spaces(ops, cfg.mfus))
+        spaces = iter(_spaces(ops, cfg))
         placed = []                          # ops with their operand's space
         for op in ops:
             if op[0] != "vv":
@@ -1104,6 +1105,10 @@ class _Emitter:
         def step(acc):
             return [("vv", st["op"], acc)]
 
+        # The running sums are the first op's operand (of step() and of last()): in the
+        # VRF of the first MFU with that op's unit.
+        acc_space = _spaces(step(None), self.config)[0]
+
         def last(acc):
             # the final chain's ops: the accumulation (the plan's ("acc",) placeholder)
             # reads ``acc``, then the reciprocal and the fused ops
@@ -1112,7 +1117,7 @@ class _Emitter:
 
         vw = (ow - 1) * sw + kw                # V's columns; V (i, j) combines X (i*sh - t
         if st["vertical"]:                     # + ky, j - l) over ky
-            v_as = scratch_map(Space.ASVRF0, oh, vw, "the pool's row sums")
+            v_as = scratch_map(acc_space, oh, vw, "the pool's row sums")
             if st["horizontal"]:
                 v_iv = scratch_map(Space.IVRF, oh, vw, "the pool's row sums")
             for ky in range(kh):
@@ -1130,7 +1135,7 @@ class _Emitter:
         else:
             h_src = src.acc(-t, -l, sh, 1)
         if st["horizontal"]:
-            h_as = scratch_map(Space.ASVRF0, oh, ow, "the pool's sums") if kw > 1 else None
+            h_as = scratch_map(acc_space, oh, ow, "the pool's sums") if kw > 1 else None
             for kx in range(kw):
                 read = _Acc(h_src.target, h_src.base + kx * p, h_src.row, sw * p)
                 if kx == kw - 1:
@@ -1155,22 +1160,27 @@ class _Emitter:
         xs = self.plan.shape[st["src"]]
         rows, length = xs.c, xs.p
         self.check_width(node, rows, "input")
+        # The operands' VRFs: where the allocation puts each chain's vv op.
+        first = [("reduce", "max"), ("vv", "b_sub_a", None), ("unary", "exp")]
+        second = [("reduce", "sum"), ("unary", "recip"), ("vv", "mul", None)]
+        z_space, e_space = _spaces(first, self.config)[0], _spaces(second, self.config)[0]
         z_iv = self.source(k, st).ref
-        z_op = self.home(st["src"], Space.ASVRF0).ref
+        z_op = self.home(st["src"], z_space).ref
         e_iv = self.ivrf.alloc(length, where, "exp(z - max)")
-        e_op = self.vrfs[Space.MULVRF0].alloc(length, where, "exp(z - max)")
+        e_op = self.vrfs[e_space].alloc(length, where, "exp(z - max)")
         self.account(node, Space.IVRF, length)
-        self.account(node, Space.MULVRF0, length)
+        self.account(node, e_space, length)
         self.bld.chain(Ref(Space.IVRF, z_iv.addr, length), rows=rows,
-                       ops=[("reduce", "max"), ("vv", "b_sub_a", z_op), ("unary", "exp")],
+                       ops=[op if op[0] != "vv" else op[:2] + (z_op,) for op in first],
                        writes=[e_iv, e_op])
         wr = ["netq" if a.target == "netq" else Ref(a.target, a.base, length)
               for a in self.writes(st["out"])]
-        self.bld.chain(e_iv, rows=rows, ops=[("reduce", "sum"), ("unary", "recip"),
-                                             ("vv", "mul", e_op)], writes=wr)
+        self.bld.chain(e_iv, rows=rows,
+                       ops=[op if op[0] != "vv" else op[:2] + (e_op,) for op in second],
+                       writes=wr)
         self.chain_count(node, 2)
         self.ivrf.free(e_iv)
-        self.vrfs[Space.MULVRF0].free(e_op)
+        self.vrfs[e_space].free(e_op)
 
     def _emit_rnn(self, k: int, st) -> None:
         # reserve: program memory for the stages after this one (and ``end``), which

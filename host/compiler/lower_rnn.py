@@ -23,6 +23,7 @@ every-step output. For it this module
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -39,7 +40,8 @@ from host.compiler.programs import (
     gru_layer,
     lstm_layer,
 )
-from host.spec.isa import Space
+from host.spec.isa import Space, vector_spaces
+from host.spec.mfu import format_unit_sets
 
 __all__ = ["FUSE_TOLERANCE", "TRIAL_STEPS", "emit_recurrent", "runs_per_job"]
 
@@ -90,15 +92,15 @@ class _RnnMemory:
             self.ivrf_refs.append(ref)
         else:
             if space not in self.vrf_spaces():
-                raise _error(f"{where} needs {space.name}, the build has mfus "
-                             f"{self.config.mfus}")
+                raise _error(f"{where} needs {space.name}, which the build lacks (mfus "
+                             f"{self.config.mfus}, unit sets "
+                             f"{format_unit_sets(self.config.unit_sets, self.config.mfus)})")
             ref = Ref(space, self.vrf(space, length, where, what), length)
         self.account(self.node, space, length)
         return ref
 
     def vrf_spaces(self):
-        return {Space.asvrf(m) for m in range(self.config.mfus)} | \
-            {Space.mulvrf(m) for m in range(self.config.mfus)}
+        return set(vector_spaces(self.config)[1:])
 
     def place(self, space, values, name="values"):
         data = _native(values, self.config.n)
@@ -192,6 +194,24 @@ def _make(layer, bld, mem, groups, source):
                           groups=groups, source=source)
     return gru_layer(bld, mem, wts, layer["cols"], layer["rows"], h0,
                      linear_before_reset=_lbr(layer["node"]), groups=groups, source=source)
+
+
+@contextlib.contextmanager
+def _placed(layers, config):
+    """A chain of the recurrent layers that the build's unit sets place elsewhere than
+    their layout (``host.compiler.programs.lstm_layer`` / ``gru_layer`` put each operand
+    in the VRF of the MFU its op takes on a build with every unit in every MFU): a
+    CompileError naming the layer and the unit sets, instead of the builder's
+    ValueError."""
+    try:
+        yield
+    except ValueError as exc:
+        if config.unit_sets is None:
+            raise
+        raise _error(f"{layers[0]['node'].where()}: its chains are laid out for MFUs that "
+                     f"build every unit, and this build's unit sets "
+                     f"({format_unit_sets(config.unit_sets, config.mfus)}) place them "
+                     f"otherwise: {exc}") from None
 
 
 def _emit_steps(bld, made, steps: int, top_writes, final_writes) -> None:
@@ -298,8 +318,9 @@ def emit_recurrent(st, bld, config, ivrf, vrf, account, infos, slot_next, job_ve
     unfused = [LSTM_UNFUSED if la["node"].op == "LSTM" else GRU_UNFUSED for la in layers]
     trial_steps = min(steps, TRIAL_STEPS)
     if groups != unfused:
-        fused_cycles, fused_instr = _trial(layers, config, groups, trial_steps, every)
-        plain_cycles, plain_instr = _trial(layers, config, unfused, trial_steps, every)
+        with _placed(layers, config):
+            fused_cycles, fused_instr = _trial(layers, config, groups, trial_steps, every)
+            plain_cycles, plain_instr = _trial(layers, config, unfused, trial_steps, every)
         if fused_cycles > plain_cycles * (1 + FUSE_TOLERANCE):
             why = (f"the stacked products are predicted at {fused_cycles} cycles for "
                    f"{trial_steps} steps against {plain_cycles} for separate ones (more "
@@ -341,7 +362,8 @@ def emit_recurrent(st, bld, config, ivrf, vrf, account, infos, slot_next, job_ve
         mems.append(mem)
         src = made[-1].refs["h"]
     final = ["netq"] if last and not every else []
-    _emit_steps(bld, made, s, ["netq"] if every else [], final)
+    with _placed(layers, config):
+        _emit_steps(bld, made, s, ["netq"] if every else [], final)
     st["instructions"] = len(bld.instructions) - start
     chains = sum(1 for i in bld.instructions[start:] if i.opcode.name == "END_CHAIN")
     info_type = _recurrent_info_type()

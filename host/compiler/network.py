@@ -38,6 +38,7 @@ import numpy as np
 
 from host.spec.config import NpuConfig, parse_config
 from host.spec.image import NetworkImage
+from host.spec.mfu import format_unit_sets
 
 __all__ = [
     "Network",
@@ -58,6 +59,10 @@ def config_text(config: NpuConfig) -> str:
         value = getattr(config, f.name)
         if f.name == "unary_ops":
             value = "+".join(op.name.lower() for op in value)
+        elif f.name == "unit_sets":
+            if value is None:
+                continue                # every unit in every MFU, the default
+            value = format_unit_sets(value, config.mfus)
         items.append(f"{f.name}={value}")
     return ",".join(items)
 

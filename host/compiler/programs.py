@@ -34,8 +34,9 @@ from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, MVM_EXP_MAX, ZERO_BLOCK_EXP, Rounding, check_int
 from host.spec.isa import (
     REG_DEFAULTS, Instruction, Reg, Space, encode_program, mnemonic, operand_vrf,
+    vector_spaces,
 )
-from host.spec.mfu import MfuOp, MfuUnit, allocate
+from host.spec.mfu import MfuOp, MfuUnit, allocate, format_unit_sets
 
 __all__ = [
     "Ref", "Program", "Builder", "native", "logical", "mlp_layer", "lstm_sequence",
@@ -208,10 +209,7 @@ class Builder:
         self.n = config.n
         self.instructions: list[Instruction] = []
         self._regs = {r: (config.n if v is None else v) for r, v in REG_DEFAULTS.items()}
-        self._next = {Space.IVRF: 0}
-        for m in range(config.mfus):
-            self._next[Space.asvrf(m)] = 0
-            self._next[Space.mulvrf(m)] = 0
+        self._next = dict.fromkeys(vector_spaces(config), 0)
         self._slot = 0
         self.program = Program(config, self.instructions)
         self._inputs = []
@@ -220,7 +218,12 @@ class Builder:
         return -(-elements // self.n)
 
     def alloc(self, space: Space, length: int) -> Ref:
-        """Reserve ``length`` native vectors in ``space``."""
+        """Reserve ``length`` native vectors in ``space`` (ValueError when it is full or
+        does not exist in the build)."""
+        if space not in self._next:
+            raise ValueError(f"{space.name} does not exist in this build (mfus "
+                             f"{self.config.mfus}, unit sets "
+                             f"{format_unit_sets(self.config.unit_sets, self.config.mfus)})")
         depth = self.config.ivrf_depth if space is Space.IVRF else self.config.vrf_depth
         addr = self._next[space]
         if addr + length > depth:
@@ -412,7 +415,8 @@ class Builder:
                 mfu_ops.append(MfuOp.reduce(op[1]))
                 instrs.append(Instruction.reduce(op[1]))
         k = 0
-        for m, placed in enumerate(allocate(mfu_ops, self.config.mfus)):
+        for m, placed in enumerate(allocate(mfu_ops, self.config.mfus,
+                                            self.config.unit_sets)):
             for op in placed:
                 if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
                     want = operand_vrf(op.unit, m)

@@ -25,9 +25,9 @@ from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, Rounding, block_bytes, check_int
 from host.spec.isa import (
     REG_DEFAULTS, Chain, ErrorCode, Instruction, IsaError, Opcode, Reg, Space, decode,
-    chain_mfu_ops, operand_vrf, parse_chain, register_limits,
+    chain_mfu_ops, operand_vrf, parse_chain, register_limits, vector_spaces,
 )
-from host.spec.mfu import MfuUnit, allocate
+from host.spec.mfu import MfuUnit, allocate, format_unit_sets
 from host.model.mfu import MfuVrfs, run_steps
 from host.numerics.mvm import fp16_bits, mvm, prepare_weights, quantize_fp16
 
@@ -232,6 +232,14 @@ def _space(space) -> Space:
         raise NpuError(ErrorCode.ILLEGAL_FIELD, f"no memory space {space!r}") from None
 
 
+def _build_spaces(config) -> str:
+    """The vector memories of a build, for messages."""
+    sets = ("" if config.unit_sets is None
+            else f", unit sets {format_unit_sets(config.unit_sets, config.mfus)}")
+    return (f"{config.mfus} MFUs{sets}; vector memories "
+            f"{', '.join(s.name for s in vector_spaces(config))}")
+
+
 def _overlaps(a, b) -> bool:
     return any(sa is sb and x0 < y1 and y0 < x1 for sa, x0, x1 in a for sb, y0, y1 in b)
 
@@ -302,10 +310,11 @@ class NpuModel:
         # gathers the matrix it wrote at once (the work a product would do first).
         self._gathered = {}
         # The vector memories by space (the arrays never change identity).
+        # Only the VRFs the build has (host.spec.isa.vector_spaces).
         self._memories = {Space.IVRF: self._ivrf}
-        for m in range(cfg.mfus):
-            self._memories[Space.asvrf(m)] = self._vrfs.addsub[m]
-            self._memories[Space.mulvrf(m)] = self._vrfs.mul[m]
+        for space in vector_spaces(cfg)[1:]:
+            self._memories[space] = (self._vrfs.addsub if space.value % 2 == 0
+                                     else self._vrfs.mul)[space.mfu]
         self._program = np.zeros(cfg.program_depth, np.uint64)
         self._program_length = 0
         self._decoded = {}                  # pc -> Instruction, for the loaded program
@@ -360,19 +369,14 @@ class NpuModel:
     # --- host access -----------------------------------------------------------------------
 
     def _vector_memory(self, space) -> np.ndarray:
-        if type(space) is Space:
-            mem = self._memories.get(space)
-            if mem is not None:
-                return mem
-        space = _space(space)
-        if space is Space.IVRF:
-            return self._ivrf
-        m = space.mfu
-        if m is None or m >= self.config.mfus:
+        space = space if type(space) is Space else _space(space)
+        mem = self._memories.get(space)
+        if mem is None:
             raise NpuError(ErrorCode.ILLEGAL_FIELD,
                            f"{space.name} is not a vector memory of this build "
-                           f"({self.config.mfus} MFUs; use push_input/pop_output for NETQ)")
-        return (self._vrfs.addsub if space.value % 2 == 0 else self._vrfs.mul)[m]
+                           f"({_build_spaces(self.config)}; use push_input/pop_output "
+                           f"for NETQ)")
+        return mem
 
     def _range(self, what, addr, count, depth):
         try:
@@ -726,7 +730,7 @@ class NpuModel:
                                                f"built", at + (2 if chain.mv_mul else 1) + k)
         mfu_ops = chain_mfu_ops(chain)
         try:
-            placed = allocate(mfu_ops, cfg.mfus)
+            placed = allocate(mfu_ops, cfg.mfus, cfg.unit_sets)
         except ValueError as e:
             fail(ErrorCode.CHAIN_STRUCTURE, f"the chain's ops do not fit the MFUs: {e}")
         # The VRF of every vv op, in chain order.
@@ -737,10 +741,9 @@ class NpuModel:
         for ins, idx in [(chain.read, at)] + [(w, chain.stop - 1 - len(chain.writes) + k)
                                               for k, w in enumerate(chain.writes)]:
             s = ins.space
-            if s is not Space.NETQ and s is not Space.IVRF and (
-                    s.mfu is None or s.mfu >= cfg.mfus):
+            if s is not Space.NETQ and s not in self._memories:
                 fail(ErrorCode.ILLEGAL_FIELD, f"{ins}: {s.name} does not exist in this "
-                                              f"build", idx)
+                                              f"build ({_build_spaces(cfg)})", idx)
         mv = chain.mv_mul
         if length > cfg.max_length:
             fail(ErrorCode.SIZE_RANGE, f"ROWS {rows} needs {length} native vectors, more "

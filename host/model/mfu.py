@@ -27,7 +27,9 @@ class MfuVrfs:
     Attributes
     ----------
     addsub, mul : list of ``mfus`` uint16 arrays of shape ``(vrf_depth, n)``
-        Entry ``[m][a]`` is the native vector at address ``a`` of MFU ``m``'s VRF.
+        Entry ``[m][a]`` is the native vector at address ``a`` of MFU ``m``'s VRF. The
+        arrays of VRFs the build leaves out (``MfuConfig.has_vrf``) stay zero: no op reads
+        them and :meth:`bank` refuses them.
     """
 
     def __init__(self, cfg: MfuConfig):
@@ -37,9 +39,20 @@ class MfuVrfs:
         self.mul = [np.zeros(shape, np.uint16) for _ in range(cfg.mfus)]
 
     def bank(self, mfu: int, bank) -> np.ndarray:
-        """The array of VRF ``bank`` (a :class:`VrfBank` or its code) of MFU ``mfu``."""
+        """The array of VRF ``bank`` (a :class:`VrfBank` or its code) of MFU ``mfu``.
+
+        Raises
+        ------
+        ValueError
+            ``mfu`` out of range, or a VRF the build leaves out (the MFU does not build
+            the unit that reads it, ``MfuConfig.unit_sets``).
+        """
         mfu = check_int("mfu", mfu, 0, self.cfg.mfus - 1)
         bank = VrfBank(bank)
+        if not self.cfg.has_vrf(mfu, bank):
+            units = "+".join(u.name.lower() for u in self.cfg.units(mfu))
+            raise ValueError(f"MFU {mfu} has no {bank.name} VRF: it does not build unit "
+                             f"{bank.unit.name} (its units: {units})")
         return (self.addsub if bank is VrfBank.ADDSUB else self.mul)[mfu]
 
     def write(self, mfu: int, bank, addr: int, vectors) -> None:
@@ -99,7 +112,8 @@ def run_chain(cfg: MfuConfig, ops, x_bits, lanes_last: int, vrfs: MfuVrfs) -> Ch
     ----------
     cfg : MfuConfig
     ops : sequence of MfuOp
-        The chain's ops in order (must satisfy :func:`allocate`).
+        The chain's ops in order (must satisfy :func:`allocate` with the build's unit
+        sets).
     x_bits : uint16 array ``(L, n)``, ``1 <= L <= cfg.max_length``
         The chain's input vectors.
     lanes_last : int, 1..n
@@ -122,7 +136,7 @@ def run_chain(cfg: MfuConfig, ops, x_bits, lanes_last: int, vrfs: MfuVrfs) -> Ch
         wrong argument types.
     """
     _check_cfg(cfg)
-    placed = allocate(ops, cfg.mfus)
+    placed = allocate(ops, cfg.mfus, cfg.unit_sets)
     x = _vectors("x_bits", x_bits, cfg.n, cfg.max_length)
     length = len(x)
     lanes_last = check_int("lanes_last", lanes_last, 1, cfg.n)

@@ -308,7 +308,8 @@ class Device:
 
     def info(self) -> dict:
         """Protocol version, ``max_payload``, the build parameters (as ``NpuModel.info``:
-        ``unary_ops`` by name) and derived sizes. Cached after the first call."""
+        ``unary_ops`` by name, ``unit_sets`` as each MFU's unit names) and derived sizes.
+        Cached after the first call."""
         if self._info is None:
             entries = p.unpack_info(self._request(Opcode.INFO))
             if entries["protocol_version"] != p.PROTOCOL_VERSION:
@@ -317,6 +318,7 @@ class Device:
                                 f"{p.PROTOCOL_VERSION}", opcode=Opcode.INFO)
             self._config = p.config_from_entries(entries)
             entries["unary_ops"] = [op.name.lower() for op in self._config.unary_ops]
+            entries["unit_sets"] = p.unit_sets_info(self._config)
             self._info = entries
         return dict(self._info)
 

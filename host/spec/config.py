@@ -211,6 +211,12 @@ class NpuConfig(MvmConfig):
     unary_ops : collection of UnaryOp or names, or None
         The unary functions built (None: all; at least one); stored as a sorted tuple of
         UnaryOp.
+    unit_sets : None, one collection of units per MFU, or their text form
+        The units built in each MFU (``host.spec.mfu.parse_unit_sets``; None, the default:
+        every unit in every MFU). Ops move past the MFUs without their unit
+        (``host.spec.mfu.allocate``); the AddSubVrf (MulVrf) of an MFU without ADDSUB
+        (MUL) does not exist (its space is refused as a space of an absent MFU is).
+        Stored normalized: None, or a tuple of ``mfus`` tuples of ``MfuUnit``.
 
     Raises
     ------
@@ -224,6 +230,7 @@ class NpuConfig(MvmConfig):
     program_depth: int = 4096
     max_length: int = 64
     unary_ops: tuple = None
+    unit_sets: tuple | None = None
 
     def __post_init__(self):
         from host.spec.ops import parse_ops
@@ -232,7 +239,13 @@ class NpuConfig(MvmConfig):
             check_int(name, getattr(self, name), 1, 1 << 24)
         check_int("program_depth", self.program_depth, 2, 1 << 20)
         object.__setattr__(self, "unary_ops", parse_ops(self.unary_ops))
-        self.mfu                                 # validates mfus, vrf_depth, max_length
+        # validates mfus, vrf_depth, max_length and the unit sets, which it normalizes
+        object.__setattr__(self, "unit_sets", self.mfu.unit_sets)
+
+    def units(self, mfu: int) -> tuple:
+        """The ``MfuUnit``s built in MFU ``mfu`` (sorted by code)."""
+        from host.spec.mfu import units_built
+        return units_built(self.unit_sets, check_int("mfu", mfu, 0, self.mfus - 1))
 
     @property
     def mvm(self) -> MvmConfig:
@@ -245,7 +258,7 @@ class NpuConfig(MvmConfig):
         from host.spec.mfu import MfuConfig
         return MfuConfig(n=self.n, mfus=self.mfus, vrf_depth=self.vrf_depth,
                          max_length=self.max_length, unary_ops=self.unary_ops,
-                         counter_bits=self.counter_bits)
+                         counter_bits=self.counter_bits, unit_sets=self.unit_sets)
 
     @property
     def direct_depth(self) -> int:
@@ -262,10 +275,18 @@ class NpuConfig(MvmConfig):
 
     def to_dict(self) -> dict:
         """The build's fields by name, in field order, unary ops as a list of their
-        lower-case names, ``narrow_check`` as a bool: what network images and JSON carry
-        (INFO carries the same fields as integers, ``host.spec.protocol``)."""
+        lower-case names, ``narrow_check`` as a bool, ``unit_sets`` as one list of unit
+        names per MFU and left out when None (every unit in every MFU, so that the
+        default build's dict and JSON are what they were before unit sets existed): what
+        network images and JSON carry (INFO carries the same fields as integers,
+        ``host.spec.protocol``)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["unary_ops"] = [op.name.lower() for op in self.unary_ops]
+        if self.unit_sets is None:
+            del values["unit_sets"]
+        else:
+            values["unit_sets"] = [[u.name.lower() for u in units]
+                                   for units in self.unit_sets]
         return values
 
     def to_json(self) -> str:
@@ -319,10 +340,13 @@ def parse_config(text: str, base: str = "default") -> NpuConfig:
     ``text`` is a comma-separated list: optionally first a preset name (a key of
     :data:`PRESETS`, default ``base``), then ``KEY=VALUE`` items that replace fields of
     that preset. Integer fields take decimal or ``0x`` values; ``unary_ops`` takes op names
-    joined by ``+`` (``unary_ops=relu+sigmoid``); the option ``narrow_check`` takes
-    ``1``/``0``, ``true``/``false``, ``on``/``off`` or ``yes``/``no`` (any case). Examples:
-    ``""`` (the ``base`` preset), ``"ulx3s"``, ``"n=8,tiles=1"``,
-    ``"ulx3s,mrf_depth=1024"``, ``"ulx3s,narrow_check=off"``.
+    joined by ``+`` (``unary_ops=relu+sigmoid``); ``unit_sets`` takes one entry per MFU
+    joined by ``/``, each unit names joined by ``+`` or ``all``
+    (``unit_sets=addsub+mul+reduce/addsub+mul+act``; ``host.spec.mfu.parse_unit_sets``);
+    the option ``narrow_check`` takes ``1``/``0``, ``true``/``false``, ``on``/``off`` or
+    ``yes``/``no`` (any case). Examples: ``""`` (the ``base`` preset), ``"ulx3s"``,
+    ``"n=8,tiles=1"``, ``"ulx3s,mrf_depth=1024"``, ``"ulx3s,narrow_check=off"``,
+    ``"mfus=3,unit_sets=all/addsub+mul/act"``.
 
     Raises
     ------
@@ -354,6 +378,9 @@ def parse_config(text: str, base: str = "default") -> NpuConfig:
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"unary_ops={value!r}: {exc}") from None
             continue
+        if key == "unit_sets":
+            fields_[key] = value            # its text form, checked with the mfus it needs
+            continue
         if key in _BOOL_FIELDS:
             flag = _BOOL_TEXT.get(value.lower())
             if flag is None:
@@ -369,3 +396,7 @@ def parse_config(text: str, base: str = "default") -> NpuConfig:
         return NpuConfig(**fields_)
     except TypeError as exc:
         raise ValueError(str(exc)) from None
+    except ValueError as exc:
+        if "unit_sets" in fields_ and "unit_sets" in str(exc):
+            raise ValueError(f"unit_sets={fields_['unit_sets']!r}: {exc}") from None
+        raise

@@ -122,10 +122,12 @@ class NetworkImage:
         ``config`` (an ``NpuConfig``), with both values."""
         if self.config is None:
             return
-        for name, want in self.config.items():
-            have = getattr(config, name, None)
-            if name == "unary_ops":
-                have = [op.name.lower() for op in have]
+        have_all = config.to_dict()
+        built_for = dict(self.config)
+        # An image without unit_sets was built for every unit in every MFU.
+        built_for.setdefault("unit_sets", None)
+        for name, want in built_for.items():
+            have = have_all.get(name, getattr(config, name, None))
             if have != want:
                 raise ValueError(f"the image was built for {name}={want!r}, the device has "
                                  f"{name}={have!r}")

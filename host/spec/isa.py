@@ -41,7 +41,7 @@ __all__ = [
     "WORD_BITS", "Opcode", "Space", "Reg", "ErrorCode", "FUNC_LAYOUT", "INSTRUCTION_LAYOUT",
     "FIELDS", "REG_DEFAULTS", "Instruction", "IsaError", "decode", "encode_program",
     "decode_program", "MNEMONICS", "mnemonic", "Chain", "parse_chain", "chain_mfu_ops",
-    "operand_vrf", "mrf_address",
+    "operand_vrf", "vector_spaces", "mrf_address",
     "mrf_location", "UNARY_NAMES", "MAX_WRITES", "register_limits",
 ]
 
@@ -453,6 +453,20 @@ def operand_vrf(unit, mfu: int) -> Space:
     allocated to MFU ``mfu`` reads its operand: AddSubVrf or MulVrf of that MFU."""
     from host.spec.mfu import MfuUnit
     return Space.asvrf(mfu) if unit is MfuUnit.ADDSUB else Space.mulvrf(mfu)
+
+
+def vector_spaces(config) -> tuple[Space, ...]:
+    """The vector memories of build ``config`` (an ``NpuConfig``), in code order: the IVRF,
+    then the AddSubVrf and MulVrf of each MFU that builds the unit reading it (ADDSUB,
+    MUL; ``NpuConfig.unit_sets``). A vector space not listed does not exist in the build:
+    the core refuses it with ILLEGAL_FIELD, the link with BAD_SPACE."""
+    from host.spec.mfu import MfuUnit
+    spaces = [Space.IVRF]
+    for m in range(config.mfus):
+        units = config.units(m)
+        spaces += [s for s, u in ((Space.asvrf(m), MfuUnit.ADDSUB),
+                                  (Space.mulvrf(m), MfuUnit.MUL)) if u in units]
+    return tuple(spaces)
 
 
 def parse_chain(fetch, start: int) -> Chain:

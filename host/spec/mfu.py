@@ -8,6 +8,9 @@ This module is the one definition of what the ISA, the scheduler, the gateware
   register files);
 * :class:`MfuOp`, one operation of a chain, and :func:`allocate`, the rule that places a
   chain's ordered op list onto the MFUs (an op list is legal iff it succeeds);
+* :func:`parse_unit_sets`, the units built in each MFU (the build parameter
+  ``unit_sets``), with :func:`format_unit_sets`, :func:`units_built` and
+  :func:`unit_set_mask`;
 * :class:`MfuConfig`, the build parameters, from which every width is derived;
 * :func:`chain_layout` / :func:`encode_chain` / :func:`decode_chain`, the chain
   configuration word the pipeline takes, and :func:`vrf_write_layout`, its VRF write
@@ -34,8 +37,10 @@ from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp, parse_ops
 
 __all__ = [
-    "MfuUnit", "VrfBank", "UNITS", "MfuOp", "allocate", "MfuConfig", "slot_layout", "mfu_layout", "chain_layout",
-    "encode_chain", "decode_chain", "vrf_write_layout",
+    "MfuUnit", "VrfBank", "UNITS", "ALL_UNITS", "MfuOp", "allocate", "parse_unit_sets",
+    "format_unit_sets", "units_built", "unit_set_mask", "unit_sets_from_mask", "MfuConfig",
+    "slot_layout", "mfu_layout", "chain_layout", "encode_chain", "decode_chain",
+    "vrf_write_layout",
 ]
 
 
@@ -158,12 +163,131 @@ def _check_ops(ops) -> tuple[MfuOp, ...]:
     return ops
 
 
-def allocate(ops, mfus: int) -> tuple[tuple[MfuOp, ...], ...]:
+# --- unit sets: the units built in each MFU ---------------------------------------------------
+
+#: Every unit, in code order: an MFU's units when the build gives no unit sets.
+ALL_UNITS = tuple(MfuUnit)
+
+
+def _parse_unit(value, where: str) -> MfuUnit:
+    if isinstance(value, MfuUnit):
+        return value
+    if isinstance(value, str):
+        for unit in MfuUnit:
+            if value.strip().lower() == unit.name.lower():
+                return unit
+    names = ", ".join(repr(u.name.lower()) for u in MfuUnit)
+    raise ValueError(f"{where} must be an MfuUnit or one of {names}, not {value!r}")
+
+
+def parse_unit_sets(unit_sets, mfus: int):
+    """The units built in each of ``mfus`` MFUs (the build parameter ``unit_sets``),
+    normalized.
+
+    ``unit_sets`` is None (every unit in every MFU), a sequence of ``mfus`` entries, one
+    per MFU, each a non-empty collection of :class:`MfuUnit` or their names (``"addsub"``,
+    ``"mul"``, ``"act"``, ``"reduce"``, any case) or the name ``"all"``; or the text form
+    of :func:`format_unit_sets`, the entries joined by ``/`` and the units of an entry by
+    ``+`` (``"addsub+mul+reduce/addsub+mul+act"``). A unit named twice counts once.
+
+    Returns
+    -------
+    None or tuple of ``mfus`` tuples of MfuUnit
+        None when every MFU has every unit (so that such a build equals the default
+        one); else each MFU's units sorted by code.
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming ``unit_sets`` (and the entry) and the value: not a sequence, the wrong
+        number of entries, an empty entry, a name that is no unit.
+    """
+    mfus = check_int("mfus", mfus, 1)
+    if unit_sets is None:
+        return None
+    given = unit_sets
+    if isinstance(unit_sets, str):
+        unit_sets = [ALL_UNITS if entry.strip().lower() == "all" else entry.split("+")
+                     for entry in unit_sets.split("/")]
+    try:
+        entries = list(unit_sets)
+    except TypeError:
+        raise TypeError(f"unit_sets must be a sequence of {mfus} unit collections (one per "
+                        f"MFU) or None, not {unit_sets!r}") from None
+    if len(entries) != mfus:
+        raise ValueError(f"unit_sets must have one entry per MFU ({mfus}), not "
+                         f"{len(entries)}: {given!r}")
+    out = []
+    for m, entry in enumerate(entries):
+        where = f"unit_sets[{m}]"
+        if isinstance(entry, str) and entry.strip().lower() == "all":
+            entry = ALL_UNITS
+        if isinstance(entry, (str, MfuUnit)):
+            raise TypeError(f"{where} must be a collection of units, not the single "
+                            f"{entry!r}")
+        try:
+            units = {_parse_unit(u, where) for u in entry if not (isinstance(u, str)
+                                                                   and not u.strip())}
+        except TypeError:
+            raise TypeError(f"{where} must be a collection of units, not {entry!r}") from None
+        if not units:
+            raise ValueError(f"{where} must name at least one unit, not {entry!r}")
+        out.append(tuple(sorted(units, key=lambda u: u.value)))
+    if all(units == ALL_UNITS for units in out):
+        return None
+    return tuple(out)
+
+
+def units_built(unit_sets, mfu: int) -> tuple:
+    """The units of MFU ``mfu`` in normalized ``unit_sets`` (None: every unit)."""
+    return ALL_UNITS if unit_sets is None else unit_sets[mfu]
+
+
+def format_unit_sets(unit_sets, mfus: int) -> str:
+    """The text form of normalized ``unit_sets`` for ``mfus`` MFUs: each MFU's unit names
+    joined by ``+``, the MFUs by ``/`` (``"addsub+mul+reduce/addsub+mul+act"``); every
+    unit of every MFU when ``unit_sets`` is None. :func:`parse_unit_sets` reads it."""
+    return "/".join("+".join(u.name.lower() for u in units_built(unit_sets, m))
+                    for m in range(mfus))
+
+
+def unit_set_mask(unit_sets, mfus: int) -> int:
+    """Normalized ``unit_sets`` as one integer: bit ``UNITS * m + unit.value`` set for each
+    unit built in MFU ``m`` (what INFO reports, ``host.spec.protocol``)."""
+    return sum(1 << (UNITS * m + u.value) for m in range(mfus)
+               for u in units_built(unit_sets, m))
+
+
+def unit_sets_from_mask(mask: int, mfus: int):
+    """Inverse of :func:`unit_set_mask` (normalized: None when every unit is built).
+
+    Raises
+    ------
+    ValueError
+        bits beyond the ``mfus`` MFUs, or an MFU without units.
+    """
+    mask = check_int("unit_sets mask", mask, 0)
+    if mask >> (UNITS * mfus):
+        raise ValueError(f"unit_sets mask {mask:#x} has bits beyond the {mfus} MFUs")
+    return parse_unit_sets([[u for u in MfuUnit if mask >> (UNITS * m + u.value) & 1]
+                            for m in range(mfus)], mfus)
+
+
+def allocate(ops, mfus: int, unit_sets=None) -> tuple[tuple[MfuOp, ...], ...]:
     """Place a chain's ordered ops onto ``mfus`` MFUs: the one allocation rule.
 
-    Walk the ops in order with a current MFU index starting at 0; an op whose unit is
-    already used in the current MFU moves to the next MFU. Within one MFU the crossbar
-    runs the units in any order, each at most once. An op list is legal iff this succeeds.
+    Walk the ops in order with a current MFU index starting at 0; an op moves on to the
+    next MFU while its unit is already used in the current MFU or not built there
+    (``unit_sets``). Within one MFU the crossbar runs the units in any order, each at most
+    once. An op list is legal iff this succeeds.
+
+    Parameters
+    ----------
+    ops : sequence of MfuOp
+    mfus : int
+    unit_sets : as :func:`parse_unit_sets`, optional
+        The units built in each MFU (a build's ``unit_sets``); None: every unit in every
+        MFU.
 
     Returns
     -------
@@ -173,20 +297,35 @@ def allocate(ops, mfus: int) -> tuple[tuple[MfuOp, ...], ...]:
     Raises
     ------
     ValueError
-        running past the last MFU, naming the op's index and unit; ``mfus`` < 1.
+        running past the last MFU, naming the op's index and unit and, with unit sets,
+        whether the unit is missing from the MFUs that remained; ``mfus`` < 1; bad
+        ``unit_sets``.
     TypeError
         ``ops`` is not a sequence of :class:`MfuOp`.
     """
     ops = _check_ops(ops)
     mfus = check_int("mfus", mfus, 1)
+    unit_sets = parse_unit_sets(unit_sets, mfus)
     placed: list[list[MfuOp]] = [[] for _ in range(mfus)]
     m = 0
     for i, op in enumerate(ops):
-        if any(o.unit is op.unit for o in placed[m]):
+        start = m
+        while any(o.unit is op.unit for o in placed[m]) or (
+                unit_sets is not None and op.unit not in unit_sets[m]):
             m += 1
-            if m == mfus:
-                raise ValueError(f"op {i} ({op}) needs unit {op.unit.name} after MFU "
-                                 f"{mfus - 1}, the last of {mfus} MFUs")
+            if m < mfus:
+                continue
+            unit = op.unit.name
+            if unit_sets is None or (start == mfus - 1 and op.unit in unit_sets[start]):
+                raise ValueError(f"op {i} ({op}) needs unit {unit} after MFU {mfus - 1}, "
+                                 f"the last of {mfus} MFUs")
+            sets = format_unit_sets(unit_sets, mfus)
+            if op.unit in unit_sets[start]:
+                raise ValueError(f"op {i} ({op}) needs unit {unit} after MFU {start}, which "
+                                 f"already uses it; no later MFU has {unit} built (unit "
+                                 f"sets {sets})")
+            raise ValueError(f"op {i} ({op}) needs unit {unit}, which is not built in MFU "
+                             f"{start} or any later MFU (unit sets {sets})")
         placed[m].append(op)
     return tuple(tuple(p) for p in placed)
 
@@ -210,6 +349,11 @@ class MfuConfig:
         Activation functions built (default all); stored sorted by code.
     counter_bits : int
         Width of every saturating event counter, 1 to 64.
+    unit_sets : None or one collection of units per MFU
+        The units built in each MFU (:func:`parse_unit_sets`; None, the default: every
+        unit in every MFU). An MFU builds only its units, and its AddSubVrf (MulVrf) only
+        with ADDSUB (MUL); :func:`allocate` moves an op past the MFUs without its unit.
+        Stored normalized: None or a tuple of ``mfus`` tuples of :class:`MfuUnit`.
 
     Raises
     ------
@@ -222,6 +366,7 @@ class MfuConfig:
     max_length: int = 8
     unary_ops: tuple = tuple(UnaryOp)
     counter_bits: int = 32
+    unit_sets: tuple | None = None
 
     def __post_init__(self):
         check_int("n", self.n, 4, 64)
@@ -238,6 +383,16 @@ class MfuConfig:
                              f"{self.unary_ops!r}")
         object.__setattr__(self, "unary_ops", ops)
         check_int("counter_bits", self.counter_bits, 1, 64)
+        object.__setattr__(self, "unit_sets", parse_unit_sets(self.unit_sets, self.mfus))
+
+    def units(self, mfu: int) -> tuple:
+        """The units built in MFU ``mfu`` (sorted by code)."""
+        return units_built(self.unit_sets, check_int("mfu", mfu, 0, self.mfus - 1))
+
+    def has_vrf(self, mfu: int, bank) -> bool:
+        """Whether MFU ``mfu`` has VRF ``bank`` (a :class:`VrfBank` or its code): the
+        AddSubVrf comes with the ADDSUB unit, the MulVrf with MUL."""
+        return VrfBank(bank).unit in self.units(mfu)
 
     # --- derived widths ---------------------------------------------------------------------
 
@@ -332,7 +487,7 @@ def encode_chain(cfg: MfuConfig, ops, length: int, lanes_last: int) -> int:
         wrong argument types.
     """
     _check_cfg(cfg)
-    placed = allocate(ops, cfg.mfus)
+    placed = allocate(ops, cfg.mfus, cfg.unit_sets)
     length = check_int("length", length, 1, cfg.max_length)
     lanes_last = check_int("lanes_last", lanes_last, 1, cfg.n)
     _check_addrs(cfg, placed, length)
@@ -367,8 +522,8 @@ def decode_chain(cfg: MfuConfig, word: int):
     ------
     ValueError
         ``word`` is not a legal configuration (a gap in the used slots, a unit in two
-        slots of one MFU, an undefined op code, ``length`` or ``lanes_last`` out of
-        range).
+        slots of one MFU or in an MFU that does not build it, an undefined op code,
+        ``length`` or ``lanes_last`` out of range).
     """
     layout = chain_layout(cfg)
     word = check_int("word", word, 0, (1 << layout.size) - 1)
@@ -386,6 +541,9 @@ def decode_chain(cfg: MfuConfig, word: int):
             unit = MfuUnit(slot.unit)
             if unit in seen:
                 raise ValueError(f"MFU {m}: unit {unit.name} in two slots")
+            if unit not in cfg.units(m):
+                raise ValueError(f"MFU {m}: unit {unit.name} is not built there (unit sets "
+                                 f"{format_unit_sets(cfg.unit_sets, cfg.mfus)})")
             seen.append(unit)
             try:
                 if unit is MfuUnit.ADDSUB:

@@ -56,7 +56,7 @@ __all__ = [
     "program_to_bytes", "bytes_to_program", "pack_pop", "unpack_pop", "pack_status",
     "unpack_status",
     "pack_entries", "unpack_entries", "pack_info", "unpack_info", "CONFIG_FIELDS",
-    "OPTION_FIELDS",
+    "OPTION_FIELDS", "UNIT_SETS_ENTRY", "unit_sets_info",
     "config_entries", "config_from_entries", "space_depth", "word_bytes",
 ]
 
@@ -602,6 +602,7 @@ def unpack_info(body: bytes) -> dict[str, int]:
 
 #: The ``NpuConfig`` fields INFO reports, in this order; ``unary_ops`` goes as a bit mask
 #: (bit ``op.value`` set for each op built), the options (:data:`OPTION_FIELDS`) as 1 or 0.
+#: After them a build with unit sets reports ``unit_sets`` (:data:`UNIT_SETS_ENTRY`).
 CONFIG_FIELDS = ("n", "tiles", "mantissa_bits_v", "mantissa_bits_w", "mrf_depth",
                  "max_col_tiles", "counter_bits", "mfus", "ivrf_depth", "vrf_depth",
                  "netq_depth", "program_depth", "max_length", "unary_ops", "narrow_check")
@@ -611,27 +612,48 @@ CONFIG_FIELDS = ("n", "tiles", "mantissa_bits_v", "mantissa_bits_w", "mrf_depth"
 #: (``narrow_check``: the narrow-accumulator check, ``host.spec.config.MvmConfig``).
 OPTION_FIELDS = {"narrow_check": True}
 
+#: The INFO entry of ``NpuConfig.unit_sets``, right after :data:`CONFIG_FIELDS`: bit
+#: ``4 * m + unit`` set for each ``host.spec.mfu.MfuUnit`` built in MFU ``m``
+#: (``host.spec.mfu.unit_set_mask``). A build with every unit in every MFU (unit sets
+#: None) does not send it, so that its INFO is what it was before unit sets existed, and a
+#: reply without it (such a build, or one from before) means every unit in every MFU.
+UNIT_SETS_ENTRY = "unit_sets"
+
 
 def config_entries(config) -> dict[str, int]:
     """INFO entries of an ``NpuConfig``: :data:`CONFIG_FIELDS`, ``unary_ops`` as a mask,
-    options as 1 (built) or 0 (left out)."""
+    options as 1 (built) or 0 (left out), then :data:`UNIT_SETS_ENTRY` where the build
+    has unit sets."""
+    from host.spec.mfu import unit_set_mask
     out = {name: int(getattr(config, name)) for name in CONFIG_FIELDS if name != "unary_ops"}
     out["unary_ops"] = sum(1 << op.value for op in config.unary_ops)
-    return {name: out[name] for name in CONFIG_FIELDS}
+    out = {name: out[name] for name in CONFIG_FIELDS}
+    if config.unit_sets is not None:
+        out[UNIT_SETS_ENTRY] = unit_set_mask(config.unit_sets, config.mfus)
+    return out
 
 
 def build_info(config) -> dict:
     """What a device of build ``config`` (an ``NpuConfig``) says about itself: every
     ``NpuConfig`` field (``unary_ops`` as a list of names, options such as
-    ``narrow_check`` as bools), then the derived sizes
+    ``narrow_check`` as bools, ``unit_sets`` as one list of unit names per MFU, every
+    unit where the build has no unit sets), then the derived sizes
     ``mrf_words``, ``weight_block_bits``, ``macs_per_cycle`` and ``word_bits`` (the
     instruction width). The reference model's ``info()`` and the gateware's INFO reply
     are both made from it."""
     from host.spec.isa import WORD_BITS
     info = config.to_dict()
+    info["unit_sets"] = unit_sets_info(config)
     info.update(mrf_words=config.mrf_words, weight_block_bits=config.mvm.weight_block_bits,
                 macs_per_cycle=config.mvm.macs_per_cycle, word_bits=WORD_BITS)
     return info
+
+
+def unit_sets_info(config) -> list[list[str]]:
+    """The units of each MFU of build ``config`` by lower-case name, every unit of every
+    MFU when it has no unit sets: the ``unit_sets`` of :func:`build_info` and of
+    ``Device.info()``."""
+    return [[u.name.lower() for u in config.units(m)] for m in range(config.mfus)]
 
 
 def info_entries(config) -> dict[str, int]:
@@ -646,15 +668,17 @@ def info_entries(config) -> dict[str, int]:
 
 def config_from_entries(entries: dict[str, int]):
     """The ``NpuConfig`` an INFO reply describes (other entries are ignored). An option
-    the reply does not name takes its :data:`OPTION_FIELDS` value.
+    the reply does not name takes its :data:`OPTION_FIELDS` value; no ``unit_sets`` entry
+    means every unit in every MFU.
 
     Raises
     ------
     ValueError
-        naming the missing fields, an option that is not 0 or 1, or the field the config
-        refuses.
+        naming the missing fields, an option that is not 0 or 1, a ``unit_sets`` mask
+        that is not one of ``mfus`` MFUs, or the field the config refuses.
     """
     from host.spec.config import NpuConfig
+    from host.spec.mfu import unit_sets_from_mask
     from host.spec.ops import UnaryOp
     missing = [name for name in CONFIG_FIELDS
                if name not in entries and name not in OPTION_FIELDS]
@@ -667,6 +691,12 @@ def config_from_entries(entries: dict[str, int]):
         if value not in (0, 1):
             raise ValueError(f"INFO entry {name} must be 0 or 1, not {value!r}")
         fields[name] = bool(value)
+    if UNIT_SETS_ENTRY in entries:
+        try:
+            fields["unit_sets"] = unit_sets_from_mask(entries[UNIT_SETS_ENTRY],
+                                                      fields["mfus"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"INFO entry {UNIT_SETS_ENTRY}: {exc}") from None
     try:
         return NpuConfig(**fields)
     except TypeError as exc:
@@ -676,8 +706,9 @@ def config_from_entries(entries: dict[str, int]):
 def space_depth(config, space: int) -> int | None:
     """Words of memory space ``space`` (a byte) reachable by WRITE/READ in build
     ``config``, or None where there is no such space there (NETQ is reached by
-    PUSH_INPUT/POP_OUTPUT only; VRFs of MFUs not built do not exist)."""
-    from host.spec.isa import Space
+    PUSH_INPUT/POP_OUTPUT only; VRFs of MFUs not built, and of units an MFU does not
+    build, do not exist: ``host.spec.isa.vector_spaces``)."""
+    from host.spec.isa import Space, vector_spaces
     try:
         space = Space(space)
     except ValueError:
@@ -686,7 +717,7 @@ def space_depth(config, space: int) -> int | None:
         return config.ivrf_depth
     if space is Space.MRF:
         return config.mrf_words
-    if space.mfu is not None and space.mfu < config.mfus:
+    if space in vector_spaces(config):
         return config.vrf_depth
     return None
 

@@ -16,8 +16,10 @@ from amaranth.utils import bits_for, ceil_log2
 from host.spec.config import NpuConfig
 from host.spec.formats import FP16_BITS, MAX_EXPONENT_CODE, Rounding, block_layout
 from host.spec.ops import BinaryOp
-from host.spec.isa import MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits
-from host.spec.mfu import MfuUnit, chain_layout, mfu_layout, vrf_write_layout
+from host.spec.isa import (
+    MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits, vector_spaces,
+)
+from host.spec.mfu import UNITS, MfuUnit, chain_layout, mfu_layout, vrf_write_layout
 from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
@@ -26,7 +28,7 @@ from hw.core.decode import InstructionDecoder
 from hw.mvm.tile_engine import TileEngine
 
 __all__ = [
-    "NpuCore", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS",
+    "NpuCore", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS", "vector_space_exists",
     "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
 ]
 
@@ -134,6 +136,18 @@ def _writer_layout(config):
 def _vrf_space(index):
     """Space of VRF ``index`` (``2m + bank``): AddSubVrf ``m`` or MulVrf ``m``."""
     return 2 + index
+
+
+def vector_space_exists(config: NpuConfig, space) -> Value:
+    """1 where ``space`` (a value holding a :class:`host.spec.isa.Space` code) is a vector
+    memory of build ``config``: the IVRF or a VRF that its unit sets build
+    (``host.spec.isa.vector_spaces``). The core's and the link's one check."""
+    space = _raw(space)
+    vrfs = 2 * config.mfus
+    built = [s.value for s in vector_spaces(config)[1:]]
+    if len(built) < vrfs:
+        return _any([space == Space.IVRF.value] + [space == s for s in built])
+    return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
 
 
 def _fifo(m, name, layout, depth):
@@ -277,6 +291,8 @@ class NpuCore(wiring.Component):
         a_bits = _vaddr_bits(c)
         vec = vector_layout(c)
         vrfs = 2 * c.mfus
+        # The VRFs (index 2m + bank) that the unit sets build: every one without them.
+        vrf_built = [k for k in range(vrfs) if Space(_vrf_space(k)) in vector_spaces(c)]
 
         m.submodules.mvm = mvm = Mvm(c.mvm)
         m.submodules.mfu = mfu = MfuPipeline(mcfg)
@@ -303,14 +319,14 @@ class NpuCore(wiring.Component):
 
         ivrf = Memory(shape=vec, depth=c.ivrf_depth, init=[])
         m.submodules.ivrf = ivrf
-        shadows = []
-        for k in range(vrfs):
+        shadows = {}
+        for k in vrf_built:
             mem = Memory(shape=vec, depth=c.vrf_depth, init=[])
             m.submodules[f"vrf{k}"] = mem
-            shadows.append(mem)
+            shadows[k] = mem
         # Space -> (memory, depth); one read and one write port each.
         vmem = {Space.IVRF.value: (ivrf, c.ivrf_depth)}
-        for k, mem in enumerate(shadows):
+        for k, mem in shadows.items():
             vmem[_vrf_space(k)] = (mem, c.vrf_depth)
         rports = {s: mem.read_port(domain="sync", transparent_for=())
                   for s, (mem, _) in vmem.items()}
@@ -344,8 +360,7 @@ class NpuCore(wiring.Component):
                     m.d.comb += rd_data.eq(rp.data)
 
         def space_exists(space):
-            space = _raw(space)
-            return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
+            return vector_space_exists(c, space)
 
         def space_depth(space):
             return Mux(_raw(space) == Space.IVRF.value, c.ivrf_depth, c.vrf_depth)
@@ -601,7 +616,7 @@ class NpuCore(wiring.Component):
         tops = []
         tops.append((rd_space != Space.NETQ)
                     & (rd_op + last_iter * rd_inc + extent > space_depth(rd_space)))
-        for k in range(vrfs):
+        for k in vrf_built:
             tops.append(vv_used[k] & (vv_op[k] + last_iter * vv_inc[k] + length > c.vrf_depth))
         for k in range(MAX_WRITES):
             tops.append((k < n_wr) & (w_space[k] != Space.NETQ)
@@ -614,11 +629,11 @@ class NpuCore(wiring.Component):
             ranges[("w", k)] = ((k < n_wr) & (w_space[k] != Space.NETQ), w_space[k],
                                 w_op[k], w_inc[k])
         ranges[("r",)] = (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc)
-        for k in range(vrfs):
+        for k in vrf_built:
             ranges[("v", k)] = (vv_used[k], Const(_vrf_space(k), 4), vv_op[k], vv_inc[k])
         pairs = [("ww", ("w", k), ("w", j)) for k in range(MAX_WRITES) for j in range(k)]
         pairs += [("rw", ("w", k), rd) for k in range(MAX_WRITES)
-                  for rd in [("r",)] + [("v", j) for j in range(vrfs)]]
+                  for rd in [("r",)] + [("v", j) for j in vrf_built]]
         cand = Signal(len(pairs))
         for i, (_, ka, kb) in enumerate(pairs):
             va, sa, _, _ = ranges[ka]
@@ -886,7 +901,7 @@ class NpuCore(wiring.Component):
                 Signal(a_bits + 1, name=f"sb{e}_hi{k}"), Signal(name=f"sb{e}_on{k}"))
                for k in range(MAX_WRITES)] for e in range(IN_FLIGHT)]
         reads = [((cur.rd_space != Space.NETQ), _raw(cur.rd_space), it_rd, it_rd + cur.extent)]
-        for k in range(vrfs):
+        for k in vrf_built:
             reads.append((cur.vv_used[k], Const(_vrf_space(k), 4), it_vv[k],
                           it_vv[k] + cur.length))
         conflict = _any(
@@ -1103,7 +1118,10 @@ class NpuCore(wiring.Component):
     @staticmethod
     def _allocate(m, c, dec, pc, cur_m, used, slots, alloc_fail, unbuilt, unbuilt_at,
                   mcfg_regs, vv_used, vv_op, vv_inc):
-        """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle."""
+        """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle. The op
+        stays in the current MFU ``k`` if ``k`` builds its unit and has not used it yet;
+        else it goes to the first MFU after ``k`` that builds the unit (a constant of ``k``
+        and the unit, from the unit sets), and where there is none the chain fails."""
         op, func = dec.opcode, dec.func
         unit = Signal(MfuUnit, name="op_unit")
         with m.If(op == Opcode.VV):
@@ -1117,16 +1135,36 @@ class NpuCore(wiring.Component):
             m.d.sync += [unbuilt.eq(1), unbuilt_at.eq(pc)]
         unit_bit = Signal(4)
         m.d.comb += unit_bit.eq(1 << unit.as_value())
+
+        def is_one_of(units):
+            """The op's unit is one of ``units`` (None when that is all four: always)."""
+            if len(units) == UNITS:
+                return None
+            return (unit_bit & sum(1 << u.value for u in units)) != 0
+
+        def unit_in(units, cond):
+            """``cond`` where the op's unit is one of ``units``."""
+            here = is_one_of(units)
+            return cond if here is None else cond & here
+
         with m.If(~alloc_fail):
             for k in range(c.mfus):
                 with m.If(cur_m == k):
                     clash = (used[k] & unit_bit) != 0
-                    target = k + 1 if k + 1 < c.mfus else None
-                    if target is None:
-                        with m.If(clash):
+                    # It moves on when its unit is used here or not built here.
+                    here = is_one_of(c.units(k))
+                    stay = ~clash if here is None else here & ~clash
+                    moves = clash if here is None else clash | ~here
+                    # Each unit's MFU when it moves on: the first later one building it.
+                    later = {}
+                    for u in MfuUnit:
+                        to = next((t for t in range(k + 1, c.mfus) if u in c.units(t)), None)
+                        later.setdefault(to, []).append(u)
+                    if None in later:
+                        with m.If(unit_in(later.pop(None), moves)):
                             m.d.sync += alloc_fail.eq(1)
-                    place_at = [(k, ~clash)] + ([(target, clash)] if target is not None
-                                                else [])
+                    place_at = [(k, stay)] + [(t, unit_in(us, moves))
+                                              for t, us in sorted(later.items())]
                     for t, cond in place_at:
                         with m.If(cond):
                             if t != k:
@@ -1144,20 +1182,24 @@ class NpuCore(wiring.Component):
                                                  entry.order[s].used.eq(1)]
                             m.d.sync += [used[t].eq((used[t] if t == k else 0) | unit_bit),
                                          slots[t].eq(slot + 1)]
+                            units_t = c.units(t)
                             with m.Switch(unit):
-                                with m.Case(MfuUnit.ADDSUB):
-                                    m.d.sync += [entry.addsub_op.eq(func),
-                                                 entry.addsub_addr.eq(dec.operand),
-                                                 vv_used[2 * t].eq(1),
-                                                 vv_op[2 * t].eq(dec.operand),
-                                                 vv_inc[2 * t].eq(dec.inc)]
-                                with m.Case(MfuUnit.MUL):
-                                    m.d.sync += [entry.mul_addr.eq(dec.operand),
-                                                 vv_used[2 * t + 1].eq(1),
-                                                 vv_op[2 * t + 1].eq(dec.operand),
-                                                 vv_inc[2 * t + 1].eq(dec.inc)]
-                                with m.Case(MfuUnit.ACT):
-                                    m.d.sync += entry.act_op.eq(func)
-                                with m.Case(MfuUnit.REDUCE):
-                                    m.d.sync += entry.reduce_op.eq(func)
-
+                                if MfuUnit.ADDSUB in units_t:
+                                    with m.Case(MfuUnit.ADDSUB):
+                                        m.d.sync += [entry.addsub_op.eq(func),
+                                                     entry.addsub_addr.eq(dec.operand),
+                                                     vv_used[2 * t].eq(1),
+                                                     vv_op[2 * t].eq(dec.operand),
+                                                     vv_inc[2 * t].eq(dec.inc)]
+                                if MfuUnit.MUL in units_t:
+                                    with m.Case(MfuUnit.MUL):
+                                        m.d.sync += [entry.mul_addr.eq(dec.operand),
+                                                     vv_used[2 * t + 1].eq(1),
+                                                     vv_op[2 * t + 1].eq(dec.operand),
+                                                     vv_inc[2 * t + 1].eq(dec.inc)]
+                                if MfuUnit.ACT in units_t:
+                                    with m.Case(MfuUnit.ACT):
+                                        m.d.sync += entry.act_op.eq(func)
+                                if MfuUnit.REDUCE in units_t:
+                                    with m.Case(MfuUnit.REDUCE):
+                                        m.d.sync += entry.reduce_op.eq(func)

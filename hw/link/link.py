@@ -30,12 +30,12 @@ from amaranth.utils import bits_for, ceil_log2
 from host.spec import protocol as p
 from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, block_bytes, check_int
-from host.spec.isa import ErrorCode, Space
+from host.spec.isa import ErrorCode, Space, vector_spaces
 from host.spec.counters import MVM_COUNTERS, counter_names
 from host.spec.protocol import MAX_PAYLOAD, Opcode, Status
 
 from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc
-from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore
+from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore, vector_space_exists
 
 __all__ = ["NpuLink", "ReplyFramer", "reply_command_layout", "RUN_ENTRIES", "BUFFER_BYTES",
            "counter_names"]
@@ -429,7 +429,7 @@ class NpuLink(wiring.Component):
         # Sizes by space (WRITE/READ): depth in words, word bytes.
         sp = acc.space
         is_mrf = sp == Space.MRF.value
-        is_vec = (sp == Space.IVRF.value) | ((sp >= 2) & (sp < 2 + vrf_spaces))
+        is_vec = vector_space_exists(c, sp)
         depth = Mux(is_mrf, c.mrf_words, Mux(sp == Space.IVRF.value, c.ivrf_depth,
                                              c.vrf_depth))
         data_bytes = Mux(is_mrf, acc.count * mb, acc.count * vb)
@@ -718,7 +718,13 @@ class NpuLink(wiring.Component):
                         reply(Status.OK, 1 + t.length("run"), "run")
 
             # --- RESET: the core's registers, then every memory word to zero -------------
-            with m.State("Z_VEC"):
+            def zero_next_space():
+                m.d.sync += [vaddr.eq(0), zs.eq(zs + 1)]
+                with m.If(zs == Space.IVRF.value + vrf_spaces):
+                    m.d.sync += [eng.eq(0), row.eq(0), slot.eq(0)]
+                    m.next = "Z_MRF"
+
+            def zero_space():
                 m.d.comb += [core.vec_w.valid.eq(1), core.vec_w.payload.space.eq(zs),
                              core.vec_w.payload.addr.eq(vaddr)]
                 with m.If(core.vec_w.ready):
@@ -726,10 +732,18 @@ class NpuLink(wiring.Component):
                     last = vaddr == Mux(zs == Space.IVRF.value, c.ivrf_depth,
                                         c.vrf_depth) - 1
                     with m.If(last):
-                        m.d.sync += [vaddr.eq(0), zs.eq(zs + 1)]
-                        with m.If(zs == Space.IVRF.value + vrf_spaces):
-                            m.d.sync += [eng.eq(0), row.eq(0), slot.eq(0)]
-                            m.next = "Z_MRF"
+                        zero_next_space()
+
+            with m.State("Z_VEC"):
+                if len(vector_spaces(c)) == 1 + vrf_spaces:
+                    zero_space()
+                else:
+                    # A VRF the unit sets leave out: nothing to zero (the core would
+                    # refuse the writes).
+                    with m.If(~vector_space_exists(c, zs)):
+                        zero_next_space()
+                    with m.Else():
+                        zero_space()
             with m.State("Z_MRF"):
                 m.d.comb += [core.mrf_w.valid.eq(1), core.mrf_w.payload.engine.eq(eng),
                              core.mrf_w.payload.row.eq(row), core.mrf_w.payload.slot.eq(slot)]

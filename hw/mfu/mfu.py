@@ -5,12 +5,12 @@ allocation rule and the VRF write payload are defined once in :mod:`host.spec.mf
 notes, timing and measurements: ``docs/mfu.md``.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from host.spec.formats import FP16_BITS
+from host.spec.formats import FP16_BITS, check_int
 from host.spec.ops import BinaryOp
 from host.spec.mfu import (
     UNITS, MfuConfig, MfuUnit, VrfBank, chain_layout, mfu_layout, vrf_write_layout,
@@ -147,15 +147,20 @@ def _popcount(bits):
 
 class _Configured(wiring.Component):
     """A component built from one :class:`host.spec.mfu.MfuConfig` (kept as :attr:`cfg`);
-    subclasses give their signature members as ``_members(cfg)``."""
+    subclasses give their signature members as ``_members(cfg)`` and check their other
+    parameters in ``_check(cfg, **params)``."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, **params):
         # A component whose configuration was refused is no unused elaboratable worth a
         # warning.
         self._MustUse__silence = True
         self._cfg = _check_cfg(cfg)
+        self._check(self._cfg, **params)
         self._MustUse__silence = False
         super().__init__(self._members(self._cfg))
+
+    def _check(self, cfg):
+        pass
 
     @property
     def cfg(self):
@@ -170,6 +175,14 @@ class Mfu(_Configured):
     operand ``b`` from AddSubVrf), MUL (``Fp16Binary`` computing ``BinaryOp.MUL``, ``b``
     from MulVrf), ACT (:class:`hw.arith.fp16_unary.Fp16Unary` with ``cfg.unary_ops``), REDUCE
     (:class:`hw.arith.fp16_reduce.Fp16Reduce`). ``a`` is always the chain's value.
+
+    **Unit sets.** MFU ``index`` builds only ``cfg.units(index)`` (``MfuConfig.unit_sets``):
+    a unit left out has no operator, no input registers, no crossbar source, no select and
+    no counter inputs, and the AddSubVrf (MulVrf) is left out with ADDSUB (MUL). The
+    allocation (``host.spec.mfu.allocate``) never gives such an MFU an op of a unit it
+    lacks, so its chain configuration never names one; VRF writes to a VRF it lacks are
+    refused before they reach it (the core's ILLEGAL_FIELD) and would be dropped here.
+    The units it has keep their latencies.
 
     **No back-pressure.** Both streams are ``always_ready``: the MFU takes a vector
     whenever ``i_stream.valid`` is high, and whoever reads ``o_stream`` must take every
@@ -214,6 +227,9 @@ class Mfu(_Configured):
     Parameters
     ----------
     cfg : host.spec.mfu.MfuConfig
+    index : int
+        Which MFU of the chain this is (0 to ``cfg.mfus - 1``, default 0): its units are
+        ``cfg.units(index)``.
 
     Attributes
     ----------
@@ -233,8 +249,21 @@ class Mfu(_Configured):
     Raises
     ------
     TypeError
-        ``cfg`` is not an :class:`host.spec.mfu.MfuConfig`.
+        ``cfg`` is not an :class:`host.spec.mfu.MfuConfig`, ``index`` not an integer.
+    ValueError
+        ``index`` out of range.
     """
+
+    def __init__(self, cfg, index: int = 0):
+        super().__init__(cfg, index=index)
+
+    def _check(self, cfg, *, index):
+        self._index = check_int("index", index, 0, cfg.mfus - 1)
+
+    @property
+    def units(self) -> tuple:
+        """The units this MFU builds (``cfg.units(index)``)."""
+        return self._cfg.units(self._index)
 
     @staticmethod
     def _members(cfg):
@@ -256,6 +285,13 @@ class Mfu(_Configured):
         m = Module()
         cfg = self._cfg
         vec = vector_layout(cfg)
+        built = self.units
+        # Crossbar sources that exist: the MFU input (0) and the outputs of the units
+        # built (1 + code); a select bit of any other source is a constant 0.
+        live = [0] + [1 + u.value for u in built]
+
+        def source_bit(s, bit):
+            return bit if s in live else Const(0, 1)
 
         # --- chain configuration: decoded into one-hot crossbar selects at start --------
         # used_k: slot k and every slot before it are used (the used slots are a prefix).
@@ -277,15 +313,16 @@ class Mfu(_Configured):
         # REDUCE's lane mask on the chain's last vector, decoded here once per chain.
         last_keep = Signal(cfg.n, name="reduce_last_keep")
         with m.If(self.start):
-            for u in MfuUnit:
+            for u in built:
                 bits = [slot_is[0][u.value]]
-                bits += [_any(slot_is[k][u.value] & slot_is[k - 1][s - 1]
-                              for k in range(1, UNITS)) for s in range(1, _SOURCES)]
+                bits += [source_bit(s, _any(slot_is[k][u.value] & slot_is[k - 1][s - 1]
+                                            for k in range(1, UNITS)))
+                         for s in range(1, _SOURCES)]
                 m.d.sync += src_sel[u.value].eq(Cat(*bits))
             last_slot = [used[k] & (~used[k + 1] if k + 1 < UNITS else 1)
                          for k in range(UNITS)]
-            out_bits = [~used[0]] + [_any(last_slot[k] & slot_is[k][s - 1]
-                                          for k in range(UNITS))
+            out_bits = [~used[0]] + [source_bit(s, _any(last_slot[k] & slot_is[k][s - 1]
+                                                        for k in range(UNITS)))
                                      for s in range(1, _SOURCES)]
             m.d.sync += [
                 out_sel.eq(Cat(*out_bits)),
@@ -296,15 +333,16 @@ class Mfu(_Configured):
                 last_keep.eq(Cat(self.lanes_last > i for i in range(cfg.n))),
             ]
 
-        # --- units ---------------------------------------------------------------------------
-        units = {
+        # --- units (those of the unit set) --------------------------------------------------
+        make = {
             # Each Fp16Binary is built with the ops it can be given: ADDSUB has no
             # multiplier (host.spec.mfu refuses MUL on it), MUL nothing but one.
-            MfuUnit.ADDSUB: Fp16Binary(lanes=cfg.n, ops=_ADDSUB_OPS),
-            MfuUnit.MUL: Fp16Binary(lanes=cfg.n, ops=(BinaryOp.MUL,)),
-            MfuUnit.ACT: Fp16Unary(lanes=cfg.n, ops=cfg.unary_ops),
-            MfuUnit.REDUCE: Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length),
+            MfuUnit.ADDSUB: lambda: Fp16Binary(lanes=cfg.n, ops=_ADDSUB_OPS),
+            MfuUnit.MUL: lambda: Fp16Binary(lanes=cfg.n, ops=(BinaryOp.MUL,)),
+            MfuUnit.ACT: lambda: Fp16Unary(lanes=cfg.n, ops=cfg.unary_ops),
+            MfuUnit.REDUCE: lambda: Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length),
         }
+        units = {u: make[u]() for u in built}
         for u, unit in units.items():
             m.submodules[u.name.lower()] = unit
 
@@ -320,8 +358,11 @@ class Mfu(_Configured):
         def out_values(u):
             p = units[u].o_stream.payload
             return p.values if u is MfuUnit.REDUCE else p.result
-        src_valid = [self.i_stream.valid] + [units[u].o_stream.valid for u in MfuUnit]
-        src_values = [self.i_stream.payload] + [out_values(u) for u in MfuUnit]
+        src_valid = {0: self.i_stream.valid}
+        src_values = {0: self.i_stream.payload}
+        for u in built:
+            src_valid[1 + u.value] = units[u].o_stream.valid
+            src_values[1 + u.value] = out_values(u)
 
         def crossbar(name, sel, sources):
             """The selected source's valid and values (AND-OR over the one-hot select)."""
@@ -334,7 +375,7 @@ class Mfu(_Configured):
             return valid, values
 
         # MFU output.
-        o_valid, o_values = crossbar("out", out_sel, range(_SOURCES))
+        o_valid, o_values = crossbar("out", out_sel, live)
         m.d.comb += [self.o_stream.valid.eq(o_valid), self.o_stream.payload.eq(o_values)]
 
         # Unit inputs: crossbar, (ADDSUB, MUL) the VRF operand join, then the input
@@ -348,7 +389,7 @@ class Mfu(_Configured):
             inp = unit.i_stream
             # A unit never takes its own output.
             x_valid, x_values = crossbar(f"{name}_in", src_sel[u.value],
-                                         [s for s in range(_SOURCES) if s != 1 + u.value])
+                                         [s for s in live if s != 1 + u.value])
             payload = Signal(inp.payload.shape(), name=f"{name}_in_payload")
             if u in (MfuUnit.ADDSUB, MfuUnit.MUL):
                 head = self._vrf_reader(m, name, VrfBank(u.value), use_now[u.value],
@@ -385,6 +426,8 @@ class Mfu(_Configured):
                 x_valid, payload = in_valid, in_payload
             m.d.comb += [inp.valid.eq(x_valid), inp.payload.eq(payload)]
 
+        if not {MfuUnit.ADDSUB, MfuUnit.MUL} & set(built):
+            m.d.comb += self.vrf_w.ready.eq(1)      # no VRF: writes are dropped
         self._counters(m, units)
         return m
 
@@ -486,7 +529,8 @@ class Mfu(_Configured):
         counts (registered), the counters."""
         cfg = self._cfg
         stages, pending = {"overflow": [], "nan_created": []}, []
-        for u in (MfuUnit.ADDSUB, MfuUnit.MUL, MfuUnit.ACT):
+        lane_units = [u for u in (MfuUnit.ADDSUB, MfuUnit.MUL, MfuUnit.ACT) if u in units]
+        for u in lane_units:
             o = units[u].o_stream
             taken = o.valid & o.ready
             for kind in stages:
@@ -499,14 +543,16 @@ class Mfu(_Configured):
                 m.d.sync += count.eq(_popcount(flags[i] for i in range(cfg.n)))
                 stages[kind].append(count)
                 pending += [flags.any(), count != 0]
-        red = units[MfuUnit.REDUCE]
-        stages["overflow"].append(red.overflow_events)
-        stages["nan_created"].append(red.nan_events)
-        pending += [red.overflow_events != 0, red.nan_events != 0]
+        red = units.get(MfuUnit.REDUCE)
+        events = len(lane_units) * cfg.n + 1          # bound of one cycle's events
+        if red is not None:
+            stages["overflow"].append(red.overflow_events)
+            stages["nan_created"].append(red.nan_events)
+            pending += [red.overflow_events != 0, red.nan_events != 0]
+            events += 2 ** len(red.overflow_events) - 1
         top = cfg.counter_max
         for kind, counts in stages.items():
-            total = Signal(range(3 * cfg.n + 2 ** len(red.overflow_events)),
-                           name=f"{kind}_events")
+            total = Signal(range(events), name=f"{kind}_events")
             m.d.sync += total.eq(sum(counts))
             pending.append(total != 0)
             counter = getattr(self, kind)
@@ -545,8 +591,10 @@ class MfuPipeline(_Configured):
     :class:`Mfu` contract).
 
     ``vrf_w`` writes one native vector into the AddSubVrf (``bank`` 0) or MulVrf (1) of
-    MFU ``mfu``; it is always ready. The VRF readers of a chain start reading at ``chain``
-    acceptance: write a chain's operands before its configuration.
+    MFU ``mfu``; it is always ready. MFU ``m`` builds the units ``cfg.units(m)`` only
+    (:class:`Mfu`); a write to a VRF that its unit set leaves out is dropped. The VRF
+    readers of a chain start reading at ``chain`` acceptance: write a chain's operands
+    before its configuration.
 
     **Output queue.** The MFUs have no back-pressure, so the last MFU's output goes into
     a queue of ``max_length`` native vectors (a memory ring) in front of a two-register
@@ -597,7 +645,7 @@ class MfuPipeline(_Configured):
     def elaborate(self, platform):
         m = Module()
         cfg = self._cfg
-        mfus = [Mfu(cfg) for _ in range(cfg.mfus)]
+        mfus = [Mfu(cfg, k) for k in range(cfg.mfus)]
         for k, mfu in enumerate(mfus):
             m.submodules[f"mfu{k}"] = mfu
 

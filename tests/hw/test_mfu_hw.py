@@ -58,3 +58,29 @@ def test_elaborates_other_builds():
                 MfuConfig(n=8, mfus=3, vrf_depth=4096, max_length=256,
                           unary_ops=(UnaryOp.PASS,))):
         Fragment.get(MfuPipeline(cfg), None)
+
+
+def test_an_mfu_builds_only_its_unit_set():
+    """``Mfu(cfg, index)`` instantiates the units of ``cfg.units(index)`` and the VRFs of
+    ADDSUB and MUL only where it has them; the full build has all four and both."""
+    cfg = MfuConfig(n=4, mfus=3, vrf_depth=4, max_length=2,
+                    unit_sets="addsub+mul+reduce/mul+act/act")
+
+    def parts(mfu):
+        return {name for _, name, _ in Fragment.get(mfu, None).subfragments}
+
+    units = {"addsub", "mul", "act", "reduce"}
+    assert parts(Mfu(cfg, 0)) >= {"addsub", "mul", "reduce", "addsub_vrf", "mul_vrf"}
+    assert not parts(Mfu(cfg, 0)) & {"act"}
+    assert parts(Mfu(cfg, 1)) & (units | {"addsub_vrf", "mul_vrf"}) == {"mul", "act",
+                                                                        "mul_vrf"}
+    assert parts(Mfu(cfg, 2)) & (units | {"addsub_vrf", "mul_vrf"}) == {"act"}
+    assert parts(Mfu(MfuConfig(n=4), 1)) >= units | {"addsub_vrf", "mul_vrf"}
+    mfu = Mfu(cfg, 1)
+    assert mfu.units == cfg.units(1)
+    Fragment.get(mfu, None)
+    Fragment.get(MfuPipeline(cfg), None)
+    with pytest.raises(ValueError, match="index must be"):
+        Mfu(cfg, 3)
+    with pytest.raises(TypeError, match="index must be an integer"):
+        Mfu(cfg, "1")

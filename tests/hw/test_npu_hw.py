@@ -1,8 +1,9 @@
 """The NPU core under an HDL simulator, bit-exact against :class:`host.model.core.NpuModel`.
 
 The cocotb bench is ``sim/test_npu.py``; the build travels as JSON in ``NPU_CONFIG``.
-The regression runs the ``n8t1`` build (N = 8, T = 1, small memories) on both
-simulators. ``EXTRA_BUILDS`` holds the second build (N = 16, T = 2): its Verilog is about
+The regression runs the ``n8t1`` build (N = 8, T = 1, small memories) and ``n8t1u``
+(the same with per-MFU unit sets, ``sim.test_npu.UNIT_SETS``: its directed unit-set
+cases and the random chains) on both simulators. ``EXTRA_BUILDS`` holds the second build (N = 16, T = 2): its Verilog is about
 21 MB and its Verilator build takes about 25 minutes at -O0, so it is not part of
 ``make test``; select it by hand with ``NPU_BUILDS=n16t2`` (``docs/npu.md`` section 5 says
 how far it has been run). The random programs run ``CHAINS`` chains per build from the
@@ -16,10 +17,14 @@ import pytest
 from host.spec.config import NpuConfig
 from hw.core.npu import NpuCore
 from sim.runner import run_cocotb
+from sim.test_npu import UNIT_SETS
 
+_N8T1 = {"n": 8, "tiles": 1, "mrf_depth": 128, "max_col_tiles": 16, "ivrf_depth": 64,
+         "vrf_depth": 32, "netq_depth": 64, "program_depth": 512, "max_length": 4}
 ALL_BUILDS = {
-    "n8t1": NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=16, ivrf_depth=64,
-                      vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
+    "n8t1": NpuConfig(**_N8T1),
+    # REDUCE only in MFU 0, ACT only in MFU 1, no ADDSUB (nor AddSubVrf) in MFU 1.
+    "n8t1u": NpuConfig(**_N8T1, unit_sets=UNIT_SETS),
     "n16t2": NpuConfig(n=16, tiles=2, mrf_depth=48, max_col_tiles=16, ivrf_depth=64,
                        vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
 }
@@ -48,7 +53,14 @@ GROUPS = {
                  "test_programs/stalls=False", "test_programs/stalls=True", "test_illegal"),
     "host_errors": ("test_host_errors",),
     "random": ("test_random/stalls=False", "test_random/stalls=True"),
+    "unit_sets": ("test_unit_sets", "test_random/stalls=False", "test_random/stalls=True"),
 }
+#: The groups of each build (the others: the first three). The unit-set build runs its
+#: own cases and the random chains in one simulation: the hand-written programs and
+#: ``host.compiler.programs`` place their operands for every unit in every MFU.
+BUILD_GROUPS = {"n8t1u": ("unit_sets",)}
+RUNS = [(build, group) for build in BUILDS
+        for group in BUILD_GROUPS.get(build, ("programs", "host_errors", "random"))]
 
 
 def _env(build, simulator):
@@ -57,8 +69,7 @@ def _env(build, simulator):
             "NPU_SEED": os.environ.get("NPU_SEED", str(SEED))}
 
 
-@pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("build", BUILDS)
+@pytest.mark.parametrize("build, group", RUNS, ids=[f"{b}-{g}" for b, g in RUNS])
 def test_npu(simulator, build, group):
     run_cocotb(name=f"npu_{build}", component=NpuCore(BUILDS[build]),
                test_module="sim.test_npu", simulator=simulator,

@@ -20,7 +20,7 @@ from host.compiler.asm import assemble, disassemble
 from host.spec.config import NpuConfig
 from host.spec.formats import Rounding
 from host.numerics.fp16 import binary_bits, binary_events_bits
-from host.spec.isa import REG_DEFAULTS, Opcode, Reg, Space, decode_program
+from host.spec.isa import REG_DEFAULTS, Opcode, Reg, Space, decode_program, vector_spaces
 from host.spec.mfu import MfuOp, MfuUnit, allocate
 from host.model.core import NpuModel
 from host.numerics.mvm import mvm, quantize_fp16
@@ -28,8 +28,14 @@ from sim.randprog import RANDOM_BUILDS, random_program
 from host.numerics.reduction import reduce_bits
 from host.numerics.unary import unary_bits, unary_events
 
-CONFIGS = RANDOM_BUILDS
+CONFIGS = dict(RANDOM_BUILDS)
+#: A build with per-MFU unit sets (issue 36): REDUCE only in the first MFU, an MFU of
+#: activations only (no VRFs), the last without REDUCE; soaked by its own test.
+CONFIGS["n8t1m3u"] = NpuConfig(n=8, tiles=1, mrf_depth=128, max_col_tiles=8, ivrf_depth=48,
+                               vrf_depth=32, netq_depth=128, max_length=4, mfus=3,
+                               unit_sets="addsub+mul+reduce/act/addsub+mul+act")
 TOTAL_CHAINS = 10_000
+UNIT_SET_CHAINS = 1_500
 
 
 class Reference:
@@ -39,9 +45,8 @@ class Reference:
         self.cfg = cfg
         n = cfg.n
         self.mem = {Space.IVRF: np.zeros((cfg.ivrf_depth, n), np.uint16)}
-        for m in range(cfg.mfus):
-            for s in (Space.asvrf(m), Space.mulvrf(m)):
-                self.mem[s] = np.zeros((cfg.vrf_depth, n), np.uint16)
+        for s in vector_spaces(cfg)[1:]:
+            self.mem[s] = np.zeros((cfg.vrf_depth, n), np.uint16)
         for space, addr, data in prog.vectors:
             self.mem[space][addr:addr + len(data)] = data
         self.matrices = {}
@@ -127,7 +132,8 @@ class Reference:
         mfu_ops = [MfuOp.binary(i.func, 0) if i.opcode is Opcode.VV else
                    MfuOp.unary(i.func) if i.opcode is Opcode.V_UNARY else MfuOp.reduce(i.func)
                    for i in ops]
-        where = [m for m, placed in enumerate(allocate(mfu_ops, cfg.mfus)) for _ in placed]
+        where = [m for m, placed in enumerate(allocate(mfu_ops, cfg.mfus, cfg.unit_sets))
+                 for _ in placed]
         elements = rows
         for ins, op, m in zip(ops, mfu_ops, where):
             if op.unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
@@ -185,6 +191,13 @@ def test_soak_10000_chains():
         done += _soak(name, [seed])
         seed += 1
     print(f"soak: {done} chains, seeds 0..{seed - 1}")
+
+
+def test_soak_unit_sets():
+    """Random programs of a build with unit sets: the ops go where the unit sets put them,
+    the VRFs they leave out are never touched (the model refuses them)."""
+    done = _soak("n8t1m3u", range(UNIT_SET_CHAINS // 50 + 1))
+    assert done >= UNIT_SET_CHAINS
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
