@@ -19,7 +19,10 @@ a tensor's elements per batch row are the others, row major, wherever the batch 
     2-D convolution, ``group = 1``, dilation 1: inputs ``[x, W, b]`` or ``[x, W]``, ``x``
     ``(batch, C_in, H, W)``, ``W`` an initializer ``(C_out, C_in, kh, kw)``, ``b``
     ``(C_out,)``; attributes ``strides`` ``(sh, sw)`` and ``pads`` ``(top, left, bottom,
-    right)`` (zero padding, explicit: ``auto_pad`` is resolved by the importer); output
+    right)`` (explicit: ``auto_pad`` is resolved by the importer) and optionally
+    ``pad_value``, the value of every padded position (default 0; an ONNX ``Pad`` in
+    constant mode before the ``Conv`` sets it, and so does a calibrated input offset,
+    ``host.quant.ptq``); output
     ``(batch, C_out, oh, ow)`` with ``oh = (H + top + bottom - kh) // sh + 1``
     (:func:`window_out`).
 ``MaxPool``, ``AveragePool``

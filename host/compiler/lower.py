@@ -538,7 +538,8 @@ class _Plan:
                 w = g.initializers[node.inputs[1]]
                 self._new({"kind": "mvm", "nodes": [node], "src": src, "out": out, "bias": b,
                            "kernel": tuple(w.shape[2:]), "strides": node.attrs["strides"],
-                           "pads": node.attrs["pads"]})
+                           "pads": node.attrs["pads"],
+                           "fill": float(node.attrs.get("pad_value", 0.0))})
             elif node.op in POOLS:
                 self._new(self._pool_stage(node, src, out))
             elif node.op == "Softmax":

@@ -55,7 +55,7 @@ SUPPORTED_OPS = ("Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Relu", "Sigmoid"
                  "Exp", "Softmax", "Flatten", "Reshape", "Identity", "Dropout", "Conv",
                  "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
                  "ReduceMean", "ReduceMax", "BatchNormalization", "Clip", "LeakyRelu",
-                 "LSTM", "GRU", "Squeeze",
+                 "LSTM", "GRU", "Squeeze", "Pad",
                  "Unsqueeze", "Transpose", "Gather", "Slice")
 #: Operators folded away when every input is a constant (``Shape`` also on data).
 FOLDED_OPS = ("Constant", "Shape", "Gather", "Concat", "Unsqueeze", "Squeeze", "Reshape",
@@ -159,6 +159,8 @@ class _Importer:
         self.ir = Graph(name=self.g.name or "network")
         self.uses: dict[str, int] = {}
         self.steps: dict[str, int] = {}        # sequences (RNN outputs): the step axis
+        # A constant Pad's result, merged into the Conv that reads it: (x, pads, value).
+        self.padded: dict[str, tuple] = {}
         for node in self.g.node:
             for i in node.input:
                 self.uses[i] = self.uses.get(i, 0) + 1
@@ -199,6 +201,9 @@ class _Importer:
         n = self.name(node.input[i])
         if n not in self.shapes:
             raise self.err(node, f"input {node.input[i]!r} is not defined")
+        if n in self.padded and not (node.op_type == "Conv" and i == 0):
+            raise self.unsupported(node, f"input {node.input[i]!r} is the result of a Pad: "
+                                         f"a Pad is supported only as the input of one Conv")
         return n
 
     def new_tensor(self, node, out: str, shape) -> str:
@@ -683,10 +688,49 @@ class _Importer:
                                              f"it changes the output (here {ceil} positions "
                                              f"instead of {floor} along an axis of {n})")
 
+    def op_Pad(self, node) -> None:
+        """A constant ``Pad`` of the two spatial axes of a map whose one reader is a
+        ``Conv``: no IR node, it becomes the ``Conv``'s ``pads`` and ``pad_value``."""
+        x = self._image(node)
+        a = self.attrs(node)
+        mode = a.get("mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        if mode != "constant":
+            raise self.unsupported(node, f"attribute mode={mode!r} is not supported (only "
+                                         f"'constant', before a Conv)")
+        if self.opset < 11:
+            pads = np.asarray(a.get("pads", []), np.int64)
+            value = float(a.get("value", 0.0))
+        else:
+            pads = self.const(node.input[1]) if len(node.input) > 1 else None
+            if pads is None:
+                raise self.unsupported(node, "Pad with computed pads is not supported")
+            value = 0.0
+            if len(node.input) > 2 and node.input[2]:
+                v = self.const(node.input[2])
+                if v is None or np.size(v) != 1:
+                    raise self.unsupported(node, "Pad's constant_value must be one constant")
+                value = float(np.asarray(v).reshape(()))
+            if len(node.input) > 3 and node.input[3]:
+                raise self.unsupported(node, "Pad's axes input is not supported")
+        pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+        if len(pads) != 8 or min(pads) < 0 or any(pads[i] for i in (0, 1, 4, 5)):
+            raise self.unsupported(node, f"pads {pads} are not supported (only >= 0 on the "
+                                         f"two spatial axes of (batch, C, H, W))")
+        if not np.isfinite(value):
+            raise self.unsupported(node, f"Pad's constant_value {value} is not finite")
+        if self.readers(node.output[0]) != 1:
+            raise self.unsupported(node, "a Pad is supported only as the input of one Conv")
+        _, c, h, wd = self.shapes[x]
+        top, left, bottom, right = pads[2], pads[3], pads[6], pads[7]
+        self.shapes[node.output[0]] = (None, c, h + top + bottom, wd + left + right)
+        self.padded[node.output[0]] = (x, (top, left, bottom, right), value)
+
     def op_Conv(self, node) -> None:
         a = self.attrs(node)
         x = self._image(node)
-        _, c, h, wd = self.shapes[x]
+        _, c, h, wd = self.shapes[x]            # after a Pad: the padded map's size
+        pre = self.padded.pop(x, None)
         w = self.const(node.input[1])
         if w is None:
             raise self.unsupported(node, "Conv with computed weights is not supported (only "
@@ -706,6 +750,16 @@ class _Importer:
             raise self.err(node, f"kernel_shape {list(a['kernel_shape'])} differs from the "
                                  f"weights' {kernel}")
         strides, pads = self._window(node, a, (h, wd), kernel)
+        extra = {}
+        if pre is not None:                     # the Pad's source, both paddings as one
+            if pre[2] and any(pads):
+                raise self.unsupported(node, f"a Conv padding its input with zeros after a "
+                                             f"Pad with value {pre[2]} is not supported")
+            if pre[2]:
+                extra["pad_value"] = pre[2]
+            x = pre[0]
+            pads = [p + q for p, q in zip(pads, pre[1])]
+            h, wd = self.shapes[x][2:]
         inputs = [x]
         base = node.name or node.output[0]
         self.ir.initializers[f"{base}.W"] = np.ascontiguousarray(w, np.float32)
@@ -722,7 +776,7 @@ class _Importer:
             raise self.err(node, f"a {kernel[0]} x {kernel[1]} kernel does not fit the "
                                  f"padded {h} x {wd} input")
         self.add(node, "Conv", inputs, (None, w.shape[0], oh, ow), strides=tuple(strides),
-                 pads=tuple(pads))
+                 pads=tuple(pads), **extra)
 
     def _pool(self, node, op: str, kernel, a: dict) -> None:
         x = self._image(node)

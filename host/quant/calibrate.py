@@ -43,6 +43,7 @@ __all__ = [
     "WEIGHT_SEARCH",
     "ActivationCalibration",
     "ScaleResult",
+    "activation_centre",
     "activation_exponent",
     "activation_offset",
     "calibrated_weights",
@@ -310,6 +311,20 @@ def activation_offset(samples) -> float:
     """
     x = _as_samples(samples)
     return float(x.reshape(x.shape[0], -1).astype(np.float64).min(axis=1).mean())
+
+
+def activation_centre(samples) -> float:
+    """Seed 002's activation range ``[m, m + beta]`` moved onto the device's symmetric
+    quantizer: the mean over samples of the middle of each sample's range,
+    ``(min + max) / 2``. The seed quantizes ``x - m`` with an unsigned quantizer of
+    ``2**k - 1`` levels; the device's BFP quantizer is signed and symmetric
+    (``+-(2**(k-1) - 1)``), so a range that starts at its minimum (``x - m >= 0``, the
+    seed's offset) uses half of the device's levels, and one centred on zero all of them.
+    ``samples`` as :func:`activation_offset` takes them.
+    """
+    x = _as_samples(samples)
+    flat = x.reshape(x.shape[0], -1).astype(np.float64)
+    return float(((flat.min(axis=1) + flat.max(axis=1)) / 2).mean())
 
 
 def fold_offset(w, b, offset) -> np.ndarray:

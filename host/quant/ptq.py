@@ -51,6 +51,7 @@ from host.compiler.ir import Graph
 from host.compiler.network import as_config
 from host.numerics import bfp
 from host.quant.calibrate import (
+    activation_centre,
     activation_exponent,
     activation_offset,
     fold_offset,
@@ -245,7 +246,7 @@ def _window(node, graph, x):
         kernel = w.shape[2:]
     else:
         kernel = tuple(node.attrs["kernel"])
-    fill = -np.inf if node.op == "MaxPool" else 0.0
+    fill = -np.inf if node.op == "MaxPool" else float(node.attrs.get("pad_value", 0.0))
     xp = np.pad(x, pads, constant_values=fill)
     win = np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(2, 3))[:, :, ::sh, ::sw]
     if node.op == "Conv":
@@ -398,9 +399,11 @@ class _View:
             self.kernel = w.shape[2:]
             self.strides = tuple(node.attrs["strides"])
             self.pads = tuple(node.attrs["pads"])
+            self.pad_value = float(node.attrs.get("pad_value", 0.0))
             self.matrix = window_matrix(w, n)
         elif self.map is not None:                    # a Dense over a whole map
             self.kernel, self.strides, self.pads = self.map[1:], (1, 1), (0, 0, 0, 0)
+            self.pad_value = 0.0
             self.matrix = window_matrix(w.reshape(w.shape[0], *self.map), n)
         else:
             self.matrix = w
@@ -415,15 +418,16 @@ class _View:
 
     def vectors(self, x: np.ndarray) -> np.ndarray:
         """Rows ``x`` as the product inputs: ``(S, products, cols)``, one product per
-        output pixel (its window gathered, each pixel's channels zero padded)."""
+        output pixel (its window gathered, each pixel's channels zero padded, the padded
+        pixels ``pad_value`` in every channel of the map)."""
         if self.map is None:
             return x[:, None, :]
         c, h, w = self.map
         p = -(-c // self.n) * self.n
-        img = np.zeros((len(x), h, w, p))
-        img[..., :c] = x.reshape(len(x), c, h, w).transpose(0, 2, 3, 1)
         t, left, b, r = self.pads
-        img = np.pad(img, [(0, 0), (t, b), (left, r), (0, 0)])
+        img = np.zeros((len(x), h + t + b, w + left + r, p))
+        img[..., :c] = self.pad_value
+        img[:, t:t + h, left:left + w, :c] = x.reshape(len(x), c, h, w).transpose(0, 2, 3, 1)
         win = np.lib.stride_tricks.sliding_window_view(img, self.kernel, axis=(1, 2))
         win = win[:, ::self.strides[0], ::self.strides[1]]        # (S, oh, ow, p, kh, kw)
         win = win.transpose(0, 1, 2, 4, 5, 3)                     # pixel by pixel
@@ -499,7 +503,8 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse",
         raise CalibrationError(f"rounding must be one of {', '.join(ROUNDINGS)}, not "
                                f"{rounding!r}")
     cfg = as_config(config)
-    ref = data if isinstance(data, dict) else reference_activations(graph, data)
+    # A copy: an offset placed before a layer adds its tensors (_insert_offset).
+    ref = dict(data) if isinstance(data, dict) else reference_activations(graph, data)
     n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
     g = copy.copy(graph)
     g.nodes = [copy.copy(nd) for nd in graph.nodes]
@@ -512,7 +517,7 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse",
     # the one being calibrated run with their final settings.
     emulate = method == "mmse" and rounding == "gptq"
     qvals = {g.inputs[0]: _f16(ref[g.inputs[0]])} if emulate else None
-    for node in g.nodes:
+    for node in list(g.nodes):          # _insert_offset adds nodes
         if node.op not in MATRIX_OPS:
             if emulate:
                 qvals[node.outputs[0]] = _f16(_node_value(node, g, qvals))
@@ -543,27 +548,40 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse",
                               "mse_max_based": mse_max,
                               **_exponent_summary(e, dynamic.exponents),
                               "clipped": calibrated.saturation_count}
-            # Seed 002's offset: only where the input is an affine layer's result, so that
-            # it folds into both biases and the device needs nothing new.
+            # Seed 002's offset (section 5 of docs/calibration.md): folded into both
+            # biases where the input is an affine layer's result (no device cost), else
+            # subtracted by an Affine node placed before the layer (one MFU op).
             prev = _affine_producer(g, node) if view.map is None else None
+            # The bias b + W m: with the float weights when error-compensated rounding
+            # follows (its bias correction aims at the float layer, W x + b), else with
+            # the weights the device multiplies (nearest rounding: Wq (x - m) + b + Wq m
+            # is then Wq x + b exactly).
+            device_w = None if emulate else calibrated.dequantize().astype(np.float64)
             offset = {"value": None, "applied": False}
             if cal is not None:
-                m = activation_offset(x)
-                offset["value"] = m
-                shifted, _ = _input_choice(_fp16(view.samples(x) - m), n, mv) if m \
-                    else (None, "")
+                m, shifted, rule = _offset_choice(view.samples(x), n, mv)
+                offset.update(value=m, rule=rule)
                 offset["mse"] = None if shifted is None else _best(shifted)
+                movable = prev is not None or node.op == "Dense" or not any(view.pads) \
+                    or _fp16(view.pad_value - m) == view.pad_value - m
                 if not m:
                     offset["why"] = "the offset is 0"
-                elif prev is None:
-                    offset["why"] = ("the input is not an affine layer's result: the "
-                                     "subtraction would need a device op")
                 elif shifted is None or _best(shifted) >= _best(cal):
                     offset["why"] = "it does not lower the input's error"
-                else:
+                elif prev is None and _best(shifted) > OFFSET_OP_GAIN * _best(cal):
+                    offset["why"] = (f"it lowers the input's error by less than "
+                                     f"{1 - OFFSET_OP_GAIN:.0%}, too little for a device op")
+                elif not movable:
+                    offset["why"] = ("the layer's padding value minus the offset is not "
+                                     "an FP16 number")
+                elif prev is not None:
                     offset.update(applied=True, why="folded into the biases")
                     quant["offset"] = m
-                    _fold(g, prev, node, m)
+                    _fold(g, prev, node, m, device_w)
+                    cal = shifted
+                else:
+                    op = _insert_offset(g, node, m, ref, qvals, device_w)
+                    offset.update(applied=True, why=f"subtracted by the device op {op}")
                     cal = shifted
             else:
                 offset["why"] = why_none
@@ -718,13 +736,104 @@ def _exponent_summary(e, dynamic) -> dict:
             "blocks_raised": int((e > d)[live].sum())}
 
 
-def _fold(g: Graph, prev, node, m: float) -> None:
+#: An offset that needs a device op (not folded into a producing layer's bias) is placed
+#: only where it brings the input's squared error to at most this share of what it is
+#: without (``docs/calibration.md`` section 5).
+OFFSET_OP_GAIN = 0.9
+
+
+def _offset_choice(samples: np.ndarray, n: int, m: int):
+    """``(offset, its ActivationCalibration, rule)`` of least input error among seed
+    002's offset (:func:`~host.quant.calibrate.activation_offset`, rule ``"minimum"``)
+    and the centre of the range (:func:`~host.quant.calibrate.activation_centre`, rule
+    ``"centre"``), each rounded to FP16 (the device holds it so); ``(0.0, None, None)``
+    when both are 0."""
+    best = (0.0, None, None)
+    for rule, value in (("minimum", activation_offset(samples)),
+                        ("centre", activation_centre(samples))):
+        v = float(_fp16(value))
+        if not v:
+            continue
+        cal, _ = _input_choice(_fp16(samples - v), n, m)
+        if cal is not None and (best[1] is None or _best(cal) < _best(best[1])):
+            best = (v, cal, rule)
+    return best
+
+
+def _fresh(g: Graph, base: str) -> str:
+    """A tensor / initializer name ``g`` does not use yet, from ``base``."""
+    name, k = base, 1
+    while name in g.tensors or name in g.initializers:
+        name, k = f"{base}~{k}", k + 1
+    return name
+
+
+def _insert_offset(g: Graph, node, m: float, ref: dict, qvals: dict | None,
+                   device_w: np.ndarray | None = None) -> str:
+    """Make ``node`` read its input minus ``m`` through a new ``Affine`` node (scale 1,
+    shift ``-m``; the device's MFU subtracts, rounding to FP16 once) and give it the bias
+    ``b + W m``, so that in real arithmetic the layer computes what it did. A ``Dense``
+    reading a flattened map gets the ``Affine`` on the map, before new copies of the
+    ``Flatten`` / ``View`` nodes (the map keeps the lowering's layout, and its other
+    readers keep the old values); a padding ``Conv``'s ``pad_value`` goes down by ``m``
+    too. ``device_w``: the placed matrix whose row sums make ``W m`` (default the
+    float weights). ``ref`` and ``qvals`` (float and device values of the
+    tensors) gain the new tensors. Returns the new node's name."""
+    from host.compiler.ir import Node
+    chain, src = [], node.inputs[0]
+    if node.op == "Dense":
+        p = g.producer(src)
+        while p is not None and p.op in ("Flatten", "View") and \
+                _layout(g, node.inputs[0]) is not None:
+            chain.insert(0, p)
+            src = p.inputs[0]
+            if len(g.tensors[src].shape) == 4:
+                break
+            p = g.producer(src)
+        if not chain or len(g.tensors[src].shape) != 4:
+            chain, src = [], node.inputs[0]
+    t = g.tensors[src]
+    c = t.shape[1]
+    scale, shift = _fresh(g, f"{node.name}.offset_scale"), _fresh(g, f"{node.name}.offset")
+    g.initializers[scale] = np.ones(c, np.float32)
+    g.initializers[shift] = np.full(c, -m, np.float32)
+    out = _fresh(g, f"{src}-m")
+    g.add_tensor(out, t.shape, t.dtype)
+    new = [Node(_fresh(g, f"{node.name}.offset_op"), "Affine", [src, scale, shift], [out],
+                origin=(f"{node.name} offset", "Affine"))]
+    for nd in chain:
+        o = _fresh(g, f"{nd.outputs[0]}-m")
+        g.add_tensor(o, g.tensors[nd.outputs[0]].shape, g.tensors[nd.outputs[0]].dtype)
+        new.append(Node(_fresh(g, f"{nd.name}-m"), nd.op, [out] + nd.inputs[1:], [o],
+                        dict(nd.attrs), nd.origin))
+        out = o
+    at = g.nodes.index(node)
+    g.nodes[at:at] = new
+    node.inputs[0] = out
+    if node.op == "Conv" and any(node.attrs["pads"]):
+        # The padded positions move with the values: W (x - m) over the window, the ring
+        # included, is W x - m sum(W) everywhere, which the bias b + m sum(W) undoes.
+        node.attrs["pad_value"] = float(node.attrs.get("pad_value", 0.0)) - m
+    w = g.initializers[node.inputs[1]].astype(np.float64)
+    b = g.initializers[node.inputs[2]] if len(node.inputs) > 2 else None
+    bname = _fresh(g, f"{node.name}.b+Wm")
+    wm = w.reshape(len(w), -1) if device_w is None else device_w
+    g.initializers[bname] = fold_offset(wm, b, m).astype(np.float32)
+    node.inputs[2:] = [bname]
+    for nd in new:
+        ref[nd.outputs[0]] = _node_value(nd, g, ref)
+        if qvals is not None:
+            qvals[nd.outputs[0]] = _f16(_node_value(nd, g, qvals))
+    return new[0].name
+
+
+def _fold(g: Graph, prev, node, m: float, device_w: np.ndarray | None = None) -> None:
     """``W (x - m) + (b + W m)``: this layer's bias becomes ``b + W m`` and the producing
     layer's ``b - m`` (its result is then ``x - m``)."""
     w = g.initializers[node.inputs[1]]
     b = g.initializers[node.inputs[2]] if len(node.inputs) > 2 else None
     name = f"{node.name}.b+Wm"
-    g.initializers[name] = fold_offset(w, b, m)
+    g.initializers[name] = fold_offset(w if device_w is None else device_w, b, m)
     node.inputs[2:] = [name]
     pw = g.initializers[prev.inputs[1]]
     pb = g.initializers[prev.inputs[2]].astype(np.float64) if len(prev.inputs) > 2 \
@@ -1035,6 +1144,9 @@ def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
     rows = load_calibration(calibrate, graph)
     ref = reference_activations(graph, rows)
     g, records = calibrate_graph(graph, cfg, ref, method=method, rounding=rounding)
+    for node in g.nodes:                 # the float values of offset nodes' tensors
+        if node.outputs[0] not in ref:
+            ref[node.outputs[0]] = _node_value(node, g, ref)
     dev, own = _open_device(device, cfg, timeout)
     try:
         try:

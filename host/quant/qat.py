@@ -263,8 +263,11 @@ class DeviceModule(torch.nn.Module):
                     y = fp16(y + fp16(params[1]))
             elif node.op == "Conv":
                 (sh, sw), (top, left, bottom, right) = node.attrs["strides"], node.attrs["pads"]
-                xq = torch.nn.functional.pad(self._quant_input(node, a, vals),
-                                             (left, right, top, bottom))
+                # The device quantizes the padded positions too (the ring in memory is
+                # read with the window): 0 stays 0, a pad_value does not.
+                padded = torch.nn.functional.pad(a, (left, right, top, bottom),
+                                                 value=float(node.attrs.get("pad_value", 0.0)))
+                xq = self._quant_input(node, padded, vals)
                 y = fp16(torch.nn.functional.conv2d(xq, self._quant_weight(node, params[0]),
                                                     stride=(sh, sw)))
                 if len(params) > 1:
@@ -469,6 +472,17 @@ def graph_to_onnx(graph):
             nodes.append(helper.make_node("Softmax", ins, [out], node.name, axis=-1))
         elif node.op == "Flatten":
             nodes.append(helper.make_node("Flatten", ins, [out], node.name, axis=1))
+        elif node.op == "Conv" and a.get("pad_value", 0.0):
+            # ONNX's Conv pads with zeros: another value is a constant Pad before it.
+            top, left, bottom, right = a["pads"]
+            pads = const(f"{node.name}.pads", [0, 0, top, left, 0, 0, bottom, right],
+                         np.int64)
+            value = const(f"{node.name}.pad_value", a["pad_value"])
+            nodes.append(helper.make_node("Pad", [ins[0], pads, value], [f"{out}.padded"],
+                                          f"{node.name}.pad", mode="constant"))
+            nodes.append(helper.make_node("Conv", [f"{out}.padded"] + ins[1:], [out],
+                                          node.name, strides=list(a["strides"]),
+                                          pads=[0, 0, 0, 0]))
         elif node.op == "Conv":
             nodes.append(helper.make_node("Conv", ins, [out], node.name,
                                           strides=list(a["strides"]), pads=_onnx_pads(a)))

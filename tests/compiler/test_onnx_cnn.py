@@ -470,3 +470,55 @@ def test_batch_norm_is_not_folded_into_a_conv_read_elsewhere():
     assert "Affine" in [n.op for n in import_onnx(model).nodes]
     x = rng.normal(size=(6, 1, 4, 5)).astype(np.float32)
     check_model(model, x, "bn not folded")
+
+
+# --- a constant Pad before a Conv ----------------------------------------------------------
+
+def _padded_conv(value, pad_pads, conv_pads=(0, 0, 0, 0), reader="Conv"):
+    """x (B, 2, 5, 6) -> Pad(constant ``value``, H/W pads ``pad_pads`` as (top, left,
+    bottom, right)) -> ``reader`` (a 3x3 Conv with ``conv_pads``, or Relu)."""
+    t, left, b, r = pad_pads
+    w = np.arange(-9, 9, dtype=np.float32).reshape(1, 2, 3, 3) / 4
+    pad = helper.make_node("Pad", ["x", "pads", "value"], ["p"], name="pad", mode="constant")
+    inits = [init("w", w), init("pads", np.array([0, 0, t, left, 0, 0, b, r]), np.int64),
+             init("value", np.array(value, np.float32))]
+    if reader == "Conv":
+        nodes = [pad, conv("c", "p", "y", "w", pads=list(conv_pads))]
+    else:
+        nodes = [pad, helper.make_node(reader, ["p"], ["y"], name="r")]
+    return make_model(nodes, inits, ["B", 2, 5, 6], "y", None, opset=18)
+
+
+@pytest.mark.parametrize("value, pads", [(0.5, (1, 1, 1, 1)), (-2.0, (2, 0, 1, 3)),
+                                         (0.0, (1, 2, 0, 1))])
+def test_pad_before_a_conv_is_its_padding_value(value, pads):
+    """Integer inputs and weights in quarters on a wide build: the device's output equals
+    onnxruntime's exactly, and the IR has one Conv with the Pad's pads and value."""
+    model = _padded_conv(value, pads)
+    g = import_onnx(model)
+    assert [nd.op for nd in g.nodes] == ["Conv"]
+    assert g.nodes[0].attrs["pads"] == pads
+    assert g.nodes[0].attrs.get("pad_value", 0.0) == value
+    x = np.random.default_rng(7).integers(-3, 4, (3, 2, 5, 6)).astype(np.float32)
+    y = compile_onnx(model, EXACT).run(x)
+    assert np.array_equal(y, ort_run(model, x))
+
+
+@pytest.mark.parametrize("model, words", [
+    (lambda: _padded_conv(1.0, (1, 1, 1, 1), conv_pads=(1, 0, 0, 0)),
+     ["'c' (Conv)", "after a Pad with value 1.0"]),
+    (lambda: _padded_conv(0.5, (1, 1, 1, 1), reader="Relu"),
+     ["'r' (Relu)", "result of a Pad", "only as the input of one Conv"]),
+])
+def test_pads_other_than_before_one_conv_are_refused(model, words):
+    with pytest.raises(OnnxImportError) as info:
+        import_onnx(model())
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_a_reflecting_pad_is_refused():
+    model = _padded_conv(0.0, (1, 1, 1, 1))
+    model.graph.node[0].attribute[0].s = b"reflect"
+    with pytest.raises(OnnxImportError, match="mode='reflect' is not supported"):
+        import_onnx(model)

@@ -141,9 +141,11 @@ def test_static_exponent_is_the_brute_force_argmin():
     assert first["input"]["mode"] == "static" and first["input"]["exponent"] == e
     assert first["input"]["mse_static"] == pytest.approx(err / x.size)
     assert first["input"]["mse_dynamic"] == pytest.approx(dyn / x.size)
-    # The second layer (tanh outputs) is decided the same way, against its own brute force.
+    # The second layer (tanh outputs) is decided the same way, against its own brute force
+    # on what its quantizer sees: the outputs minus the offset when one was placed.
     ref = reference_activations(import_onnx(model), x)
-    h = ref["a0"].astype(np.float16)
+    offset = cal[1]["offset"]["value"] if cal[1]["offset"]["applied"] else 0.0
+    h = (ref["a0"] - offset).astype(np.float16)
     e2, err2 = brute_static_exponent(h, 16, 4)
     assert cal[1]["input"]["best_static"] == e2
     assert cal[1]["input"]["mse_static"] == pytest.approx(err2 / h.size)
@@ -194,6 +196,18 @@ def test_calibration_report_and_errors(mlp_case):
 
 # --- the activation offset, folded into the biases ---------------------------------------------
 
+def _device_weights(w, node, n, m):
+    """The values of ``w`` (a flat Dense's) as the MRF holds them: FP16, quantized per
+    block of ``n`` with the node's calibrated exponents (``quantize_ref``)."""
+    w16 = np.asarray(w, np.float32).astype(np.float16).astype(np.float64)
+    e = np.asarray(node.attrs["quant"]["weight_exponents"])
+    out = np.zeros_like(w16)
+    for r in range(len(w16)):
+        for c in range(e.shape[1]):
+            out[r, c * n:(c + 1) * n] = quantize_ref(w16[r, c * n:(c + 1) * n], int(e[r, c]), m)
+    return out
+
+
 def test_offset_folds_into_the_biases():
     rng = np.random.default_rng(5)
     w1 = rng.normal(0, 0.3, (16, 16))
@@ -204,15 +218,23 @@ def test_offset_folds_into_the_biases():
     x = rng.normal(0, 1, (48, 16)).astype(np.float32)
     g, records = calibrate_graph(import_onnx(model), "n=16,tiles=1", x, rounding="nearest")
     off = records[1]["offset"]
-    assert off["applied"] and off["value"] == pytest.approx(
-        (x.astype(np.float64) @ w1.astype(np.float32).T.astype(np.float64)
-         + b1).min(axis=1).mean())
+    # The two candidates, seed 002's mean of minima and the centre of the range, each
+    # rounded to FP16: the affine outputs lie about 6 +- 1, so the centre wins.
+    h = x.astype(np.float64) @ w1.astype(np.float32).T.astype(np.float64) + b1
+    minimum = float(np.float16(h.min(axis=1).mean()))
+    centre = float(np.float16(((h.min(axis=1) + h.max(axis=1)) / 2).mean()))
+    assert off["applied"] and off["rule"] == "centre" and off["value"] == centre
+    assert minimum < centre - 1
     m = off["value"]
     dense = [nd for nd in g.nodes if nd.op == "Dense"]
     assert np.allclose(g.initializers[dense[0].inputs[2]], b1 - m)
-    assert np.allclose(g.initializers[dense[1].inputs[2]],
-                       b2 + w2.astype(np.float32).astype(np.float64) @ np.full(16, m))
-    assert not records[0]["offset"]["applied"]      # the network input: no free fold
+    # With nearest rounding W m is made of the weights the device multiplies.
+    wq = _device_weights(w2, dense[1], 16, parse_config("n=16,tiles=1").mantissa_bits_w)
+    assert np.allclose(g.initializers[dense[1].inputs[2]], b2 + wq @ np.full(16, m))
+    # The network input (about 0 +- 1) is centred already: no device op for it.
+    assert not records[0]["offset"]["applied"]
+    assert "too little for a device op" in records[0]["offset"]["why"] or \
+        "does not lower" in records[0]["offset"]["why"]
     # The default rounding folds the same offset, then corrects both biases.
     g2, rec2 = calibrate_graph(import_onnx(model), "n=16,tiles=1", x)
     assert rec2[1]["offset"]["applied"] and rec2[1]["offset"]["value"] == m
@@ -223,6 +245,70 @@ def test_offset_folds_into_the_biases():
     y = net.run(x).astype(np.float64)
     plain = compile_onnx(model, "n=16,tiles=1").run(x).astype(np.float64)
     assert np.abs(y - ref).mean() < np.abs(plain - ref).mean()
+
+
+def test_offset_before_a_layer_is_a_device_op(tmp_path):
+    """Inputs in [0, 1] (the network input, no producing bias to fold into) and ReLU
+    outputs: the centre of the range is subtracted by an ``Affine`` node before the
+    layer and ``W m`` added to its bias; the image runs as its NumPy export and closer
+    to the float network than the max-based compile."""
+    rng = np.random.default_rng(21)
+    w1, b1 = rng.normal(0, 0.3, (16, 32)), rng.normal(0, 0.1, 16)
+    w2, b2 = rng.normal(0, 0.3, (8, 16)), rng.normal(0, 0.1, 8)
+    model = mlp([(w1, b1, "Relu"), (w2, b2, None)])
+    x = rng.uniform(0, 1, (64, 32)).astype(np.float32)
+    build = "n=16,tiles=1,mantissa_bits_v=3,mantissa_bits_w=3"
+    g, records = calibrate_graph(import_onnx(model), build, x, rounding="nearest")
+    off = records[0]["offset"]
+    centre = float(np.float16(((x.min(axis=1) + x.max(axis=1)) / 2).mean()))
+    assert off["applied"] and off["rule"] == "centre" and off["value"] == centre
+    assert "device op" in off["why"]
+    dense = [nd for nd in g.nodes if nd.op == "Dense"]
+    affine = g.producer(dense[0].inputs[0])
+    assert affine.op == "Affine" and affine.inputs[0] == g.inputs[0]
+    assert np.array_equal(g.initializers[affine.inputs[1]], np.ones(32, np.float32))
+    assert np.array_equal(g.initializers[affine.inputs[2]], np.full(32, -centre, np.float32))
+    wq = _device_weights(w1, dense[0], 16, 3)
+    assert np.allclose(g.initializers[dense[0].inputs[2]],
+                       b1.astype(np.float32) + wq.sum(1) * centre, atol=1e-6)
+    assert records[1]["offset"]["applied"]             # the ReLU outputs are >= 0 too
+    net = compile_calibrated(model, build, calibrate=x)
+    xs = rng.uniform(0, 1, (16, 32)).astype(np.float32)
+    assert np.array_equal(exported_run(net, xs, tmp_path), net.run(xs))
+    ref = reference_activations(import_onnx(model), xs)["h1"]
+    plain = compile_onnx(model, build).run(xs).astype(np.float64)
+    assert np.abs(net.run(xs) - ref).mean() < 0.8 * np.abs(plain - ref).mean()
+
+
+def test_offset_of_a_dense_over_a_map_goes_before_the_flatten(tmp_path):
+    """A Dense reading a flattened ReLU map: the Affine works on the map (the lowering's
+    layout) and a new Flatten feeds the Dense. A Conv that pads its input (pixels in [0,
+    1]) takes the offset with its padding value moved by it: ``pad_value = -m``, so that
+    ``W (x - m) + b + m sum(W)`` is ``W x + b`` at the borders too."""
+    from ptq_models import cnn
+    rng = np.random.default_rng(22)
+    model = cnn(rng.normal(0, 0.3, (8, 1, 3, 3)), rng.normal(1.0, 0.1, 8),
+                rng.normal(0, 0.2, (5, 8 * 6 * 6)))            # ReLU outputs about 1 +- 0.5
+    x = rng.uniform(0, 1, (32, 1, 6, 6)).astype(np.float32)
+    build = "n=8,tiles=2,mantissa_bits_v=3,mantissa_bits_w=3"
+    g, records = calibrate_graph(import_onnx(model), build, x)
+    m = records[0]["offset"]["value"]
+    assert records[0]["offset"]["applied"] and m == float(np.float16(0.5 * (
+        x.reshape(32, -1).min(1) + x.reshape(32, -1).max(1)).mean()))
+    conv = next(nd for nd in g.nodes if nd.op == "Conv")
+    assert conv.attrs["pad_value"] == -m and g.producer(conv.inputs[0]).op == "Affine"
+    assert records[1]["offset"]["applied"]
+    head = next(nd for nd in g.nodes if nd.op == "Dense")
+    flat = g.producer(head.inputs[0])
+    affine = g.producer(flat.inputs[0])
+    assert flat.op == "Flatten" and affine.op == "Affine"
+    assert len(g.tensors[affine.outputs[0]].shape) == 4
+    net = compile_calibrated(model, build, calibrate=x)
+    xs = rng.uniform(0, 1, (8, 1, 6, 6)).astype(np.float32)
+    assert np.array_equal(exported_run(net, xs, tmp_path), net.run(xs))
+    ref = reference_activations(import_onnx(model), xs)["y"]
+    plain = compile_onnx(model, build).run(xs).astype(np.float64)
+    assert np.abs(net.run(xs) - ref).mean() < np.abs(plain - ref).mean()
 
 
 # --- bad calibration data --------------------------------------------------------------------
