@@ -12,13 +12,12 @@ message instead of skipping.
 
 import numpy as np
 import pytest
+from bfp_cases import F16, F32, ROUNDINGS, assert_same, mixed, same_array
 
 from host.numerics import _ckernel, bfp
 from host.numerics.bfp import BfpTensor
 from host.spec.formats import mantissa_max
 
-F16, F32 = np.float16, np.float32
-ROUNDINGS = ("nearest-even", "nearest-away")
 WIDTHS = range(2, 17)
 BLOCKS = bfp._quantize_blocks       # the NumPy fast path (the fixture below replaces it)
 
@@ -36,55 +35,6 @@ def c_kernel(monkeypatch):
     assert status.name == "c", f"the C kernel did not build: {status.reason}"
 
 
-def _same_array(a, b, what):
-    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
-    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
-    bad = np.flatnonzero(a.reshape(-1) != b.reshape(-1))
-    assert bad.size == 0, (f"{what}: {bad.size} differ, first at flat index {bad[0]}: "
-                           f"{a.reshape(-1)[bad[0]]} != {b.reshape(-1)[bad[0]]}")
-
-
-def check(x, n, m, rounding="nearest-even", exponent=None, nonfinite="error"):
-    """quantize and pack (C kernel) equal the reference on ``x``, field by field, or both
-    raise the same error."""
-    try:
-        ref = bfp._quantize_reference(x, n, m, rounding, exponent, nonfinite=nonfinite)
-    except (TypeError, ValueError) as exc:
-        with pytest.raises(type(exc)) as got:
-            bfp.quantize(x, n, m, rounding, exponent, nonfinite=nonfinite)
-        assert str(got.value) == str(exc)
-        return None
-    got = bfp.quantize(x, n, m, rounding, exponent, nonfinite=nonfinite)
-    what = f"n={n} m={m} {rounding} exponent={exponent!r}"
-    assert got.shape == ref.shape and got.block_size == n and got.mantissa_bits == m
-    _same_array(got.exponents, ref.exponents, f"exponents ({what})")
-    _same_array(got.mantissas, ref.mantissas, f"mantissas ({what})")
-    _same_array(got.saturations, ref.saturations, f"saturations ({what})")
-    _same_array(got.nonfinite, ref.nonfinite, f"nonfinite ({what})")
-    _same_array(bfp.pack(got), bfp._pack_reference(ref), f"packed bytes ({what})")
-    return got
-
-
-def mixed(rng, shape, dtype=F32, spread=40):
-    """Normal values over a wide range of scales, with zero blocks, exact and negative
-    zeros, subnormals, and values at the top of their binade."""
-    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread, shape))
-    flat = x.reshape(-1)
-    if flat.size:
-        pick = rng.random(flat.size)
-        info = np.finfo(dtype)
-        flat[pick < 0.05] = 0.0
-        flat[(pick >= 0.05) & (pick < 0.07)] = -0.0
-        sub = (pick >= 0.07) & (pick < 0.1)
-        flat[sub] = rng.integers(-1000, 1000, sub.sum()) * float(info.smallest_subnormal)
-        top = (pick >= 0.1) & (pick < 0.13)        # 2**p * (2 - ulp): maximal fractions
-        flat[top] = np.ldexp(2.0 - float(info.eps), rng.integers(-20, 20, top.sum()))
-        flat[top] *= rng.choice([-1.0, 1.0], top.sum())
-        flat[: len(flat) // 5] = 0.0               # some all-zero blocks
-    with np.errstate(over="ignore"):
-        return x.astype(dtype)
-
-
 # --- the kernel in use --------------------------------------------------------------------
 
 def test_kernel_is_c():
@@ -96,7 +46,7 @@ def test_kernel_is_c():
 def test_numpy_kernel_forced(monkeypatch):
     rng = np.random.default_rng(1)
     x = mixed(rng, (3, 70))
-    expected = {(m, r): check(x, 16, m, r) for m in (3, 4, 8) for r in ROUNDINGS}
+    expected = {(m, r): assert_same(x, 16, m, r) for m in (3, 4, 8) for r in ROUNDINGS}
     monkeypatch.setenv(_ckernel.ENV_KERNEL, "numpy")
     assert bfp.kernel() == ("numpy", "NPU_HOST_KERNEL=numpy")
     assert _ckernel.library() is None
@@ -110,13 +60,13 @@ def test_numpy_kernel_forced(monkeypatch):
     for (m, r), c_result in expected.items():
         got = bfp.quantize(x, 16, m, r)
         assert got == c_result
-        _same_array(got.saturations, c_result.saturations, "saturations")
-        _same_array(bfp.pack(got), bfp.pack(c_result), "packed bytes")
+        same_array(got.saturations, c_result.saturations, "saturations")
+        same_array(bfp.pack(got), bfp.pack(c_result), "packed bytes")
     assert len(calls) == len(expected)
     # The NumPy path (the fallback) against the reference over the widths, too.
     for m in WIDTHS:
         for n in (1, 3, 16, 33):
-            check(mixed(rng, (2, 3 * n + 1), spread=4), n, m, ROUNDINGS[m % 2])
+            assert_same(mixed(rng, (2, 3 * n + 1), spread=4), n, m, ROUNDINGS[m % 2])
     assert len(calls) > len(expected)
 
 
@@ -129,10 +79,10 @@ def test_random_shapes(shape, n):
     rng = np.random.default_rng(sum(shape) * 100 + n)
     x = mixed(rng, shape)
     for m in WIDTHS:
-        check(x, n, m, ROUNDINGS[m % 2])
+        assert_same(x, n, m, ROUNDINGS[m % 2])
     for rounding in ROUNDINGS:
-        check(x, n, 4, rounding)
-        check(x, n, 8, rounding)
+        assert_same(x, n, 4, rounding)
+        assert_same(x, n, 8, rounding)
 
 
 @pytest.mark.parametrize("m", WIDTHS)
@@ -140,23 +90,23 @@ def test_random_shapes(shape, n):
 def test_widths_and_block_sizes(m, rounding):
     rng = np.random.default_rng(m)
     for n in (1, 2, 3, 8, 16, 32, 33):
-        check(mixed(rng, (3, 5 * n + 2)), n, m, rounding)
-        check(mixed(rng, (2, 40), spread=3), n, m, rounding)       # a narrow range: ties
+        assert_same(mixed(rng, (3, 5 * n + 2)), n, m, rounding)
+        assert_same(mixed(rng, (2, 40), spread=3), n, m, rounding)       # a narrow range: ties
 
 
 def test_large_array_with_padding():
     rng = np.random.default_rng(5)
     x = rng.standard_normal((7, 20001)).astype(F32)
     for n, m, rounding in [(16, 4, "nearest-even"), (32, 8, "nearest-away"), (3, 11, "nearest-even")]:
-        check(x, n, m, rounding)
+        assert_same(x, n, m, rounding)
 
 
 def test_non_contiguous_input():
     rng = np.random.default_rng(3)
     x = mixed(rng, (40, 30))
-    check(x.T, 16, 8)
-    check(x[::2, 1::3], 3, 5, "nearest-away")
-    check(x[:, ::-1], 32, 4)
+    assert_same(x.T, 16, 8)
+    assert_same(x[::2, 1::3], 3, 5, "nearest-away")
+    assert_same(x[:, ::-1], 32, 4)
 
 
 def test_float16_input():
@@ -167,9 +117,9 @@ def test_float16_input():
     every = bits[(bits & 0x7C00) != 0x7C00].view(F16)
     for m in WIDTHS:
         for rounding in ROUNDINGS:
-            check(x, 16, m, rounding)
-            check(x, 3, m, rounding, exponent=rng.integers(-30, 20, (4, 21)))
-        check(every, 16, m, ROUNDINGS[m % 2])
+            assert_same(x, 16, m, rounding)
+            assert_same(x, 3, m, rounding, exponent=rng.integers(-30, 20, (4, 21)))
+        assert_same(every, 16, m, ROUNDINGS[m % 2])
 
 
 # --- quantize: directed cases -------------------------------------------------------------
@@ -179,9 +129,9 @@ def test_zeros_and_negative_zeros():
               np.array([0.0, -0.0, 0.0, 1.0, -0.0, 0.0, 0.0, 0.0], F32)):
         for m in WIDTHS:
             for rounding in ROUNDINGS:
-                check(x, 4, m, rounding)
-                check(x, 4, m, rounding, exponent=-127)
-                check(x, 4, m, rounding, exponent=127)
+                assert_same(x, 4, m, rounding)
+                assert_same(x, 4, m, rounding, exponent=-127)
+                assert_same(x, 4, m, rounding, exponent=127)
 
 
 def test_subnormals_and_extremes():
@@ -198,7 +148,7 @@ def test_subnormals_and_extremes():
     for m in WIDTHS:
         for rounding in ROUNDINGS:
             for n in (1, 2, 4):
-                check(x, n, m, rounding)
+                assert_same(x, n, m, rounding)
 
 
 def test_ties_at_every_position():
@@ -221,7 +171,7 @@ def test_ties_at_every_position():
             x = np.concatenate(blocks).astype(F32)
             assert np.isfinite(x).all()
             for rounding in ROUNDINGS:
-                check(x, n, m, rounding)
+                assert_same(x, n, m, rounding)
 
 
 def test_saturation_boundary():
@@ -240,10 +190,10 @@ def test_saturation_boundary():
         x = np.stack([r for _, r in rows])
         static = np.array([e for e, _ in rows])[:, None]
         for rounding in ROUNDINGS:
-            got = check(x, 8, m, rounding, exponent=static)
+            got = assert_same(x, 8, m, rounding, exponent=static)
             assert (got.saturations[:, 0] == 4).all()           # t, hi, -t, -hi
-            check(x, 8, m, rounding)
-            check(x, 3, m, rounding, exponent=np.repeat(static, 3, axis=1))
+            assert_same(x, 8, m, rounding)
+            assert_same(x, 3, m, rounding, exponent=np.repeat(static, 3, axis=1))
 
 
 @pytest.mark.parametrize("m", [2, 4, 5, 8, 16])
@@ -253,17 +203,17 @@ def test_static_exponents(m):
     x[1] *= 1e30                                        # huge values: deep saturation
     for rounding in ROUNDINGS:
         for e in (-127, -126, -100, -20, -3, 0, 1, 5, 20, 100, 103, 104, 105, 110, 127):
-            check(x, 16, m, rounding, exponent=e)
-        check(x, 16, m, rounding, exponent=rng.integers(-127, 128, (4, 3)))
-        check(x, 5, m, rounding, exponent=rng.integers(-127, 128, (4, 10)).astype(np.int8))
-        check(x, 16, m, rounding, exponent=np.uint8(3))
-        check(x, 16, m, rounding, exponent=rng.integers(-5, 5, (3,)))
+            assert_same(x, 16, m, rounding, exponent=e)
+        assert_same(x, 16, m, rounding, exponent=rng.integers(-127, 128, (4, 3)))
+        assert_same(x, 5, m, rounding, exponent=rng.integers(-127, 128, (4, 10)).astype(np.int8))
+        assert_same(x, 16, m, rounding, exponent=np.uint8(3))
+        assert_same(x, 16, m, rounding, exponent=rng.integers(-5, 5, (3,)))
 
 
 def test_static_exponent_errors():
     x = np.ones((4, 48), F32)
     for exponent in (128, -128, 1.5, np.zeros((5,), int), np.array([True])):
-        check(x, 16, 4, exponent=exponent)
+        assert_same(x, 16, 4, exponent=exponent)
 
 
 @pytest.mark.parametrize("dtype", [F16, F32])
@@ -277,10 +227,10 @@ def test_nonfinite(dtype, mode):
     x[2, 0] = np.nan
     for m in (2, 4, 8, 11, 16):
         for rounding in ROUNDINGS:
-            check(x, 16, m, rounding, nonfinite=mode)
-            check(x, 16, m, rounding, exponent=3, nonfinite=mode)
-    check(np.full((2, 5), np.nan, dtype), 4, 8, nonfinite=mode)
-    check(np.array([np.inf] + [0.0] * 31, dtype), 32, 8, "nearest-away", nonfinite=mode)
+            assert_same(x, 16, m, rounding, nonfinite=mode)
+            assert_same(x, 16, m, rounding, exponent=3, nonfinite=mode)
+    assert_same(np.full((2, 5), np.nan, dtype), 4, 8, nonfinite=mode)
+    assert_same(np.array([np.inf] + [0.0] * 31, dtype), 32, 8, "nearest-away", nonfinite=mode)
 
 
 # --- pack ----------------------------------------------------------------------------------
@@ -295,23 +245,23 @@ def test_pack_any_mantissas(m):
             exps = rng.integers(-127, 128, (3, 5, 2)).astype(dtype)
             zeros = np.zeros(exps.shape, np.int64)
             t = BfpTensor(exps, q, n, m, (3, 5, 2 * n), zeros, zeros)
-            _same_array(bfp.pack(t), bfp._pack_reference(t), f"packed bytes (n={n}, {dtype})")
+            same_array(bfp.pack(t), bfp._pack_reference(t), f"packed bytes (n={n}, {dtype})")
         edges = np.array([[top, -top, -top - 1, 0, 1, -1] * n], np.int16)[:, :2 * n]
         t = BfpTensor(np.array([[-127, 127]], np.int16), edges, n, m, edges.shape,
                       np.zeros((1, 2), np.int64), np.zeros((1, 2), np.int64))
-        _same_array(bfp.pack(t), bfp._pack_reference(t), f"packed bytes (edges, n={n})")
+        same_array(bfp.pack(t), bfp._pack_reference(t), f"packed bytes (edges, n={n})")
 
 
 def test_pack_empty_and_non_contiguous():
     n, m = 16, 4
     empty = BfpTensor(np.zeros((0, 2), np.int16), np.zeros((0, 2 * n), np.int16), n, m,
                       (0, 2 * n), np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64))
-    _same_array(bfp.pack(empty), bfp._pack_reference(empty), "packed bytes (empty)")
+    same_array(bfp.pack(empty), bfp._pack_reference(empty), "packed bytes (empty)")
     rng = np.random.default_rng(2)
     q = rng.integers(-7, 8, (2 * n, 6)).astype(np.int16).T       # (6, 32), not contiguous
     e = rng.integers(-20, 20, (2, 6)).astype(np.int16).T
     t = BfpTensor(e, q, n, m, q.shape, np.zeros(e.shape, np.int64), np.zeros(e.shape, np.int64))
-    _same_array(bfp.pack(t), bfp._pack_reference(t), "packed bytes (transposed)")
+    same_array(bfp.pack(t), bfp._pack_reference(t), "packed bytes (transposed)")
 
 
 # --- unpack --------------------------------------------------------------------------------
@@ -339,7 +289,7 @@ def test_unpack(m, monkeypatch):
         for kernel in ("c", "numpy"):
             got = _unpack_outcome(monkeypatch, kernel, data, shape, n, m)
             assert isinstance(got, BfpTensor) and got == t
-            _same_array(got.exponents, t.exponents, f"exponents ({kernel})")
+            same_array(got.exponents, t.exponents, f"exponents ({kernel})")
         nbytes = len(data) // t.exponents.size
         for trial in range(12):
             bad = data.copy()
@@ -352,7 +302,7 @@ def test_unpack(m, monkeypatch):
             ref = _unpack_outcome(monkeypatch, "numpy", bad, shape, n, m)
             if isinstance(ref, BfpTensor):
                 assert isinstance(c, BfpTensor) and c == ref, (n, trial)
-                _same_array(c.exponents, ref.exponents, "exponents")
+                same_array(c.exponents, ref.exponents, "exponents")
             else:
                 assert c == ref, (n, trial)
 
@@ -382,7 +332,7 @@ def test_build_into_cache(monkeypatch, tmp_path):
     built = sorted(p.name for p in (tmp_path / "cache").iterdir())
     assert len(built) == 1 and built[0].startswith("bfp_kernel-") and built[0].endswith(".so")
     assert str(tmp_path / "cache" / built[0]) in status.reason
-    check(np.linspace(-3, 3, 50, dtype=F32), 16, 4)
+    assert_same(np.linspace(-3, 3, 50, dtype=F32), 16, 4)
 
 
 def test_failed_build_falls_back(monkeypatch, tmp_path):

@@ -1,6 +1,7 @@
 """The fast host BFP path against its reference, bit for bit.
 
-``bfp.quantize`` and ``bfp.pack`` are the chunked, transposed, magic-number forms of
+With the NumPy path forced (``NPU_HOST_KERNEL=numpy``), ``bfp.quantize`` and
+``bfp.pack`` are the chunked, transposed, magic-number forms of
 ``bfp._quantize_reference`` and ``bfp._pack_reference`` (the earlier whole-array NumPy
 implementation, kept unchanged as the oracle). Every result field must be identical:
 exponents, mantissas, saturation and nonfinite counts, and the packed bytes; errors must
@@ -9,72 +10,21 @@ be the same exception with the same message.
 
 import numpy as np
 import pytest
+from bfp_cases import F16, F32, F64, ROUNDINGS, assert_same, mixed, same_array, ties
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from host.numerics import bfp
+from host.numerics import _ckernel, bfp
 from host.numerics.bfp import BfpTensor
 
-F16, F32, F64 = np.float16, np.float32, np.float64
-ROUNDINGS = ("nearest-even", "nearest-away")
 
-
-def _same_array(a, b, what):
-    assert a.dtype == b.dtype, f"{what}: dtype {a.dtype} != {b.dtype}"
-    assert a.shape == b.shape, f"{what}: shape {a.shape} != {b.shape}"
-    bad = np.flatnonzero(a.reshape(-1) != b.reshape(-1))
-    assert bad.size == 0, (f"{what}: {bad.size} differ, first at flat index {bad[0]}: "
-                           f"{a.reshape(-1)[bad[0]]} != {b.reshape(-1)[bad[0]]}")
-
-
-def assert_same(x, n, m, rounding="nearest-even", exponent=None, nonfinite="error"):
-    """quantize/pack agree with the reference on ``x`` (or both raise the same error)."""
-    try:
-        ref = bfp._quantize_reference(x, n, m, rounding, exponent, nonfinite=nonfinite)
-    except (TypeError, ValueError) as exc:
-        with pytest.raises(type(exc)) as got:
-            bfp.quantize(x, n, m, rounding, exponent, nonfinite=nonfinite)
-        assert str(got.value) == str(exc)
-        return None
-    fast = bfp.quantize(x, n, m, rounding, exponent, nonfinite=nonfinite)
-    assert fast.shape == ref.shape and fast.block_size == n and fast.mantissa_bits == m
-    _same_array(fast.exponents, ref.exponents, "exponents")
-    _same_array(fast.mantissas, ref.mantissas, "mantissas")
-    _same_array(fast.saturations, ref.saturations, "saturations")
-    _same_array(fast.nonfinite, ref.nonfinite, "nonfinite")
-    _same_array(bfp.pack(fast), bfp._pack_reference(ref), "packed bytes")
-    return fast
-
-
-def mixed(rng, shape, dtype=F32, spread=40):
-    """Normal values over a wide range of scales, with zero blocks, exact zeros, negative
-    zeros, subnormals, and values at the top of their binade."""
-    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread, shape))
-    flat = x.reshape(-1)
-    if flat.size:
-        pick = rng.random(flat.size)
-        info = np.finfo(dtype)
-        flat[pick < 0.05] = 0.0
-        flat[(pick >= 0.05) & (pick < 0.07)] = -0.0
-        sub = (pick >= 0.07) & (pick < 0.1)
-        flat[sub] = rng.integers(-1000, 1000, sub.sum()) * float(info.smallest_subnormal)
-        top = (pick >= 0.1) & (pick < 0.13)        # 2**p * (2 - ulp): maximal fractions
-        flat[top] = np.ldexp(2.0 - float(info.eps), rng.integers(-20, 20, top.sum()))
-        flat[top] *= rng.choice([-1.0, 1.0], top.sum())
-        flat[: len(flat) // 5] = 0.0               # some all-zero blocks
-    with np.errstate(over="ignore"):
-        return x.astype(dtype)
-
-
-def ties(rng, shape, m, dtype=F32):
-    """Block maxima fixed at 1.5 * 2**e, other values exact multiples of half a unit of
-    that exponent: every rounding is a tie or exact."""
-    units = rng.integers(-(1 << m), 1 << m, shape) / 2.0       # j/2 in units 2**(e-m+2)
-    e = rng.integers(-10, 10, shape[:-1] + (1,))
-    x = np.ldexp(units, e - (m - 2))
-    x[..., ::7] = np.ldexp(1.5, e)[..., 0:1]
-    return x.astype(dtype)
+@pytest.fixture(autouse=True)
+def numpy_kernel(monkeypatch):
+    """The NumPy fast path (the compiled kernel, the default where it builds, has
+    ``test_bfp_ckernel``)."""
+    monkeypatch.setenv(_ckernel.ENV_KERNEL, "numpy")
+    assert bfp.kernel().name == "numpy"
 
 
 @pytest.fixture(params=[None, 64], ids=["chunk-default", "chunk-64"])
@@ -200,10 +150,10 @@ def test_pack_any_mantissas(m, n, chunk):
         exps = rng.integers(-127, 127, (3, 5, 2)).astype(np.int16)
         zeros = np.zeros(exps.shape, np.int64)
         t = BfpTensor(exps, q, n, m, (3, 5, 2 * n), zeros, zeros)
-        _same_array(bfp.pack(t), bfp._pack_reference(t), f"packed bytes ({dtype.__name__})")
+        same_array(bfp.pack(t), bfp._pack_reference(t), f"packed bytes ({dtype.__name__})")
     empty = BfpTensor(np.zeros((0, 2), np.int16), np.zeros((0, 2 * n), np.int16), n, m,
                       (0, 2 * n), np.zeros((0, 2), np.int64), np.zeros((0, 2), np.int64))
-    _same_array(bfp.pack(empty), bfp._pack_reference(empty), "packed bytes (empty)")
+    same_array(bfp.pack(empty), bfp._pack_reference(empty), "packed bytes (empty)")
 
 
 def test_pack_type_error():
