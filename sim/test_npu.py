@@ -501,6 +501,23 @@ async def test_illegal(dut):
         assert ErrorCode(int(dut.error.value)) is ErrorCode.NONE, f"{what}: not cleared"
 
 
+async def _refused(tb, dut, what, hw_op, model_op) -> ErrorCode:
+    """A host request the model refuses (``model_op`` raises NpuError; AssertionError if
+    it accepts it), sent to the core by ``hw_op``: its ``access_error`` must be the
+    model's code, which is returned."""
+    try:
+        model_op()
+    except NpuError as e:
+        code = e.code
+    else:
+        raise AssertionError(f"{what}: the model accepted it")
+    hw_op()
+    await tb.drain(*tb.src)
+    got = ErrorCode(int(dut.access_error.value))
+    assert got is code, f"{what}: access_error {got.name}, model {code.name}"
+    return code
+
+
 @cocotb.test()
 async def test_host_errors(dut):
     tb = await setup(dut, stalls=False)
@@ -542,16 +559,7 @@ async def test_host_errors(dut):
          lambda: model.load_program(np.zeros(cfg.program_depth + 1, np.uint64))),
     ]
     for what, hw_op, model_op in cases:
-        try:
-            model_op()
-        except NpuError as e:
-            code = e.code
-        else:
-            raise AssertionError(f"{what}: the model accepted it")
-        hw_op()
-        await tb.drain(*tb.src)
-        got = ErrorCode(int(dut.access_error.value))
-        assert got is code, f"{what}: access_error {got.name}, model {code.name}"
+        await _refused(tb, dut, what, hw_op, model_op)
         assert ErrorCode(int(dut.error.value)) is ErrorCode.NONE, f"{what}: run error set"
         await tb.pulse("error_clear")
         await RisingEdge(dut.clk)
@@ -656,19 +664,11 @@ async def test_unit_sets(dut):
             ("read", lambda: tb.src["vec_r_req"].send(
                 [pack(tb.l_vec_r, space=Space.ASVRF1.value, addr=0)]),
              lambda: model.read(Space.ASVRF1, 0, 1))]:
-        try:
-            model_op()
-        except NpuError as e:
-            code = e.code
-        else:
-            raise AssertionError(f"{what}: the model accepted it")
-        hw_op()
-        await tb.drain(*tb.src)
+        code = await _refused(tb, dut, what, hw_op, model_op)
+        assert code is ErrorCode.ILLEGAL_FIELD, f"{what}: {code.name}, not ILLEGAL_FIELD"
         if what == "read":
             (word,) = await tb.take("vec_r_resp", 1)
             assert word == 0, f"refused read answered {word:#x}"
-        got = ErrorCode(int(dut.access_error.value))
-        assert got is code is ErrorCode.ILLEGAL_FIELD, f"{what}: {got.name}, model {code.name}"
         await tb.pulse("error_clear")
         await RisingEdge(dut.clk)
     await tb.compare(model, "after the refused requests")
