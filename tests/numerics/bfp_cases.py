@@ -69,3 +69,20 @@ def ties(rng, shape, m, dtype=F32):
     x = np.ldexp(units, e - (m - 2))
     x[..., ::7] = np.ldexp(1.5, e)[..., 0:1]
     return x.astype(dtype)
+
+
+def assert_nonfinite_same(dtype, mode):
+    """:func:`assert_same` on arrays with infinities and NaNs (in mixed blocks, and a block
+    of NaN only), every width and rounding, dynamic and static exponents, with
+    ``nonfinite=mode`` (``"error"``: the same error; ``"saturate"``: the same tensor)."""
+    rng = np.random.default_rng(7)
+    x = mixed(rng, (3, 40), dtype, spread=5)
+    x[0, 3] = np.inf
+    x[1, 17] = -np.inf
+    x[2, 39] = np.nan
+    x[2, 0] = np.nan
+    for m in (2, 4, 8, 11, 16):
+        for rounding in ROUNDINGS:
+            assert_same(x, 16, m, rounding, nonfinite=mode)
+            assert_same(x, 16, m, rounding, exponent=3, nonfinite=mode)
+    assert_same(np.full((2, 5), np.nan, dtype), 4, 8, nonfinite=mode)

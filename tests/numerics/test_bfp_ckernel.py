@@ -12,7 +12,7 @@ message instead of skipping.
 
 import numpy as np
 import pytest
-from bfp_cases import F16, F32, ROUNDINGS, assert_same, mixed, same_array
+from bfp_cases import F16, F32, ROUNDINGS, assert_nonfinite_same, assert_same, mixed, same_array
 
 from host.numerics import _ckernel, bfp
 from host.numerics.bfp import BfpTensor
@@ -219,17 +219,7 @@ def test_static_exponent_errors():
 @pytest.mark.parametrize("dtype", [F16, F32])
 @pytest.mark.parametrize("mode", ["error", "saturate"])
 def test_nonfinite(dtype, mode):
-    rng = np.random.default_rng(7)
-    x = mixed(rng, (3, 40), dtype, spread=5)
-    x[0, 3] = np.inf
-    x[1, 17] = -np.inf
-    x[2, 39] = np.nan
-    x[2, 0] = np.nan
-    for m in (2, 4, 8, 11, 16):
-        for rounding in ROUNDINGS:
-            assert_same(x, 16, m, rounding, nonfinite=mode)
-            assert_same(x, 16, m, rounding, exponent=3, nonfinite=mode)
-    assert_same(np.full((2, 5), np.nan, dtype), 4, 8, nonfinite=mode)
+    assert_nonfinite_same(dtype, mode)
     assert_same(np.array([np.inf] + [0.0] * 31, dtype), 32, 8, "nearest-away", nonfinite=mode)
 
 

@@ -10,7 +10,17 @@ be the same exception with the same message.
 
 import numpy as np
 import pytest
-from bfp_cases import F16, F32, F64, ROUNDINGS, assert_same, mixed, same_array, ties
+from bfp_cases import (
+    F16,
+    F32,
+    F64,
+    ROUNDINGS,
+    assert_nonfinite_same,
+    assert_same,
+    mixed,
+    same_array,
+    ties,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -105,17 +115,7 @@ def test_extreme_magnitudes(chunk):
 @pytest.mark.parametrize("dtype", [F16, F32, F64])
 @pytest.mark.parametrize("mode", ["error", "saturate"])
 def test_nonfinite(dtype, mode, chunk):
-    rng = np.random.default_rng(7)
-    x = mixed(rng, (3, 40), dtype, spread=5)
-    x[0, 3] = np.inf
-    x[1, 17] = -np.inf
-    x[2, 39] = np.nan
-    x[2, 0] = np.nan
-    for m in (2, 4, 8, 11, 16):
-        for rounding in ROUNDINGS:
-            assert_same(x, 16, m, rounding, nonfinite=mode)
-            assert_same(x, 16, m, rounding, exponent=3, nonfinite=mode)
-    assert_same(np.full((2, 5), np.nan, dtype), 4, 8, nonfinite=mode)
+    assert_nonfinite_same(dtype, mode)
 
 
 def test_argument_errors():
