@@ -450,7 +450,7 @@ def _format_calibration(cal: dict) -> list:
             f"{num(inp.get('mse_static'))}/{num(inp.get('mse_dynamic'))}",
             f"{wts.get('mode', '-')} {e[0]}..{e[1]}" if e else wts.get("mode", "-"),
             f"{num(wts.get('mse'))} ({num(wts.get('mse_max_based'))})",
-            (num(off.get("value")) + (" op" if "device op" in off.get("why", "") else ""))
+            (num(off.get("value")) + (" op" if off.get("op") else ""))
             if off and off.get("applied") else "-",
             (f"{counts.get('vector_saturations', '-')}/{wts.get('clipped', '-')}/"
              f"{counts.get('output_saturations', '-')}"),

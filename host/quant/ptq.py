@@ -581,7 +581,7 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse",
                     cal = shifted
                 else:
                     op = _insert_offset(g, node, m, ref, qvals, device_w)
-                    offset.update(applied=True, why=f"subtracted by the device op {op}")
+                    offset.update(applied=True, op=op, why=f"subtracted by the device op {op}")
                     cal = shifted
             else:
                 offset["why"] = why_none
@@ -781,16 +781,15 @@ def _insert_offset(g: Graph, node, m: float, ref: dict, qvals: dict | None,
     tensors) gain the new tensors. Returns the new node's name."""
     from host.compiler.ir import Node
     chain, src = [], node.inputs[0]
-    if node.op == "Dense":
+    if node.op == "Dense" and _layout(g, src) is not None:     # a Dense over a whole map
         p = g.producer(src)
-        while p is not None and p.op in ("Flatten", "View") and \
-                _layout(g, node.inputs[0]) is not None:
+        while p is not None and p.op in ("Flatten", "View"):
             chain.insert(0, p)
             src = p.inputs[0]
             if len(g.tensors[src].shape) == 4:
                 break
             p = g.producer(src)
-        if not chain or len(g.tensors[src].shape) != 4:
+        if len(g.tensors[src].shape) != 4:
             chain, src = [], node.inputs[0]
     t = g.tensors[src]
     c = t.shape[1]
