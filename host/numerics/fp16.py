@@ -32,6 +32,7 @@ Every NaN result is the canonical NaN ``0x7E00``, created or propagated.
 
 from __future__ import annotations
 
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -40,7 +41,7 @@ from host.spec.ops import BinaryOp
 
 __all__ = [
     "BinaryOp", "BinaryEvents", "CANONICAL_NAN", "binary", "binary_bits", "binary_events",
-    "binary_events_bits", "binary_counts_bits",
+    "binary_events_bits", "binary_counts_bits", "round_to_bits",
 ]
 
 _SIGN = 0x8000
@@ -190,13 +191,120 @@ def finite_to_float32(bits):
     The float32 number of that pattern is ``x * 2**-112`` exactly (normal FP16 numbers
     become normal float32 numbers, subnormals subnormals, with the same fraction bits),
     and the product by 2**112 is exact."""
-    u = np.left_shift(bits, 16, dtype=np.uint32)
-    v = u.view(np.int32)
+    x = np.empty(np.shape(bits), np.float32)
+    _finite_to_float32_into(np.asarray(bits), x)
+    return x
+
+
+def _finite_to_float32_into(bits, x) -> None:
+    """:func:`finite_to_float32` of uint16 ``bits`` into float32 ``x`` of their shape."""
+    v = x.view(np.int32)
+    np.left_shift(bits, 16, out=v, dtype=np.int32, casting="unsafe")
     np.right_shift(v, 3, out=v)
     np.bitwise_and(v, np.int32(-0x70000001), out=v)      # clears bits 28..30
-    x = v.view(np.float32)
     np.multiply(x, np.float32(2.0 ** 112), out=x)
-    return x
+
+
+#: Per float dtype: (unsigned integer view, fraction bits, exponent field mask, exponent
+#: bias, the power of two that takes FP16's exponent range to the bottom of the dtype's
+#: normal range, the shift that then leaves FP16's 15 magnitude bits, the sign's shift).
+_ROUND_FORMATS = {
+    np.dtype(np.float32): (np.uint32, 23, 0x7F800000, 127, np.float32(2.0 ** -112), 13, 16),
+    np.dtype(np.float64): (np.uint64, 52, 0x7FF0000000000000, 1023, 2.0 ** -1008, 42, 48),
+}
+
+
+#: :func:`round_to_bits` casts arrays smaller than this (its dozen NumPy calls per piece
+#: cost more than the cast's element loop on a few thousand values).
+_ROUND_MIN = 2048
+#: Elements per piece of :func:`round_to_bits`.
+_ROUND_CHUNK = 65536
+
+
+def round_to_bits(values) -> np.ndarray:
+    """FP16 bit patterns of float32 or float64 ``values``, each rounded once to nearest
+    with ties to even, subnormals kept, magnitudes from 65520 up to ``+-inf``: equal to
+    ``values.astype(np.float16).view(np.uint16)`` for every value that is not a NaN
+    (``tests/numerics/test_round_to_bits.py``), and that cast for fewer than
+    ``_ROUND_MIN`` values; faster on more, because NumPy's cast to float16 converts one
+    element at a time. The pattern a NaN gives is not specified: callers pass none.
+
+    How: with ``a = |v|`` clamped to ``2**16`` and ``e`` the exponent of ``a`` (at least
+    -14, FP16's smallest normal exponent), ``c = 2**(e + p - 11)`` for a dtype of ``p``
+    significant bits has its last place at ``2**(e - 10)``, FP16's spacing at ``a``
+    (``2**-24`` in the subnormal range), and ``a + c`` (``0 <= a < 2**(e + 1)``) stays
+    in ``c``'s binade, so the addition rounds ``a`` to that grid once, ties to even
+    because ``c`` is an even multiple of its last place; ``- c`` is then exact. The rounded value times the
+    power of two ``2**(b - 15)`` (``b`` the dtype's bias, so ``2**-14`` lands on the
+    smallest normal number) is exact and has FP16's exponent and top fraction bits at
+    the top of its pattern, FP16's subnormals becoming the dtype's with the same
+    fraction; ``2**16`` becomes the all-ones exponent, the infinity. The sign is the
+    input's.
+
+    Raises ``TypeError`` for arrays of other dtypes.
+    """
+    v = np.asarray(values)
+    if v.dtype not in _ROUND_FORMATS:
+        raise TypeError(f"values must be a float32 or float64 array, not an array of "
+                        f"{v.dtype}")
+    if v.size < _ROUND_MIN:
+        with np.errstate(over="ignore"):
+            return v.astype(np.float16).view(np.uint16)
+    flat = v.reshape(-1)
+    out = np.empty(flat.shape, np.uint16)
+    # A piece at a time in reused buffers: fresh full-size temporaries cost more (page
+    # faults) than the dozen passes over data that stays in cache.
+    a, c, floor = _scratch(v.dtype)
+    for s in range(0, flat.size, _ROUND_CHUNK):
+        m = min(_ROUND_CHUNK, flat.size - s)
+        _round_into(flat[s:s + m], out[s:s + m], a[:m], c[:m], floor[:m])
+    return out.reshape(v.shape)
+
+
+def _round_into(v, out, a, c, floor) -> None:
+    """:func:`round_to_bits` of the 1-D float array ``v`` into uint16 ``out``, with
+    scratch ``a`` (``v``'s dtype, not ``v``), ``c`` (its unsigned view type) and
+    ``floor`` (:func:`_scratch`), all of one length.
+
+    NumPy's minimum and maximum against a scalar take a slow loop, so the clamp to 2**16
+    runs only when a value needs it and the exponent's floor is an array."""
+    utype, frac, exp_mask, bias, scale, shift, sign_shift = _ROUND_FORMATS[v.dtype]
+    ua = a.view(utype)
+    np.abs(v, out=a)
+    if not a.max() < 65536:                  # (a NaN too: fmin makes it 2**16)
+        np.fmin(a, v.dtype.type(65536), out=a)
+    np.bitwise_and(ua, utype(exp_mask), out=c)
+    np.maximum(c, floor, out=c)
+    c += utype((frac - 10) << frac)
+    cf = c.view(v.dtype)
+    a += cf
+    a -= cf
+    a *= scale
+    np.right_shift(ua, utype(shift), out=c)
+    np.right_shift(v.view(utype), utype(sign_shift), out=ua)
+    np.bitwise_and(ua, utype(0x8000), out=ua)
+    np.bitwise_or(c, ua, out=c)
+    np.copyto(out, c, casting="unsafe")
+
+
+#: Per thread: ``{dtype: (a, c, floor)}`` and ``"y"``, the scratch of :func:`_round_into`
+#: and :func:`_float32_bits`, ``_ROUND_CHUNK`` elements each, made once: arrays this size
+#: are above malloc's mmap threshold, so fresh ones cost page faults on every call.
+_SCRATCH = threading.local()
+
+
+def _scratch(dtype):
+    """This thread's ``(a, c, floor)`` for float ``dtype``: scratch of that dtype, of its
+    unsigned view type, and the exponent field of 2**-14 in that type, repeated."""
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is None:
+        bufs = _SCRATCH.bufs = {}
+    dtype = np.dtype(dtype)
+    if dtype not in bufs:
+        utype, frac, _, bias = _ROUND_FORMATS[dtype][:4]
+        bufs[dtype] = (np.empty(_ROUND_CHUNK, dtype), np.empty(_ROUND_CHUNK, utype),
+                       np.full(_ROUND_CHUNK, (bias - 14) << frac, utype))
+    return bufs[dtype]
 
 
 #: Elements per piece of a large :func:`binary_counts_bits` (float64 scratch in cache).
@@ -247,24 +355,34 @@ def _float32_bits(op, a, b):
       becomes a value of magnitude 2**16 or more, which no finite FP16 value reaches,
       so one maximum and one minimum per operand find them);
     * a product of two FP16 values has at most 22 significant bits and a magnitude of
-      2**-48 or more when not zero: exact in float32, rounded once by the cast to FP16;
+      2**-48 or more when not zero: exact in float32, rounded once by :func:`_round_into`
+      (:func:`round_to_bits`);
     * a sum or difference is rounded to float32 and then to FP16. Rounding twice to
       nearest gives the once-rounded result when the first precision is at least twice
       the second plus two (Figueroa, "When is double rounding innocuous?", 1995):
       float32's 24 bits against FP16's 11. Results below 2**-14 in magnitude (FP16's
       subnormal range, a fixed grid of 2**-24) are multiples of 2**-24 with at most 10
-      significant bits, exact in float32, so only the cast rounds them; the finite sums
-      stay below 2**17, and the cast's overflow to infinity is decided on the value
+      significant bits, exact in float32, so only the last step rounds them; the finite
+      sums stay below 2**17, and the overflow to infinity is decided on the value
       rounded as if the exponent were unbounded, as for the exact value.
     """
-    x = finite_to_float32(a)
-    y = finite_to_float32(b)
+    af, bf = a.reshape(-1), b.reshape(-1)
+    out = np.empty(af.shape, np.uint16)
+    y, c, floor = _scratch(np.float32)
+    x = getattr(_SCRATCH, "x", None)
+    if x is None:
+        x = _SCRATCH.x = np.empty(_ROUND_CHUNK, np.float32)
     lim = np.float32(65536)
-    if not (x.max() < lim and x.min() > -lim and y.max() < lim and y.min() > -lim):
-        return None
-    with np.errstate(over="ignore"):          # overflow of the cast to infinity
-        _arith_into(op, x, y)
-        return x.astype(np.float16).view(np.uint16)
+    for s in range(0, af.size, _ROUND_CHUNK):       # in cache, as in round_to_bits
+        m = min(_ROUND_CHUNK, af.size - s)
+        xs, ys = x[:m], y[:m]
+        _finite_to_float32_into(af[s:s + m], xs)
+        _finite_to_float32_into(bf[s:s + m], ys)
+        if not (xs.max() < lim and xs.min() > -lim and ys.max() < lim and ys.min() > -lim):
+            return None
+        _arith_into(op, xs, ys)       # a product up to 2**32 rounds to an infinity below
+        _round_into(xs, out[s:s + m], ys, c[:m], floor[:m])
+    return out.reshape(a.shape)
 
 
 def binary_counts_bits(op, a, b) -> tuple[np.ndarray, int, int]:

@@ -17,6 +17,7 @@ import numpy as np
 
 from host.numerics import bfp
 from host.numerics.fp16 import finite_to_float32 as _finite_fp16_to_f32
+from host.numerics.fp16 import round_to_bits as _round_to_bits
 from host.spec.formats import (
     E8M0_BIAS, EXP_MAX, FP16_MAX_BITS, MANTISSA_BITS_MAX, MANTISSA_BITS_MIN,
     MVM_EXP_EXACT_MIN, MVM_EXP_MAX, ZERO_BLOCK_EXP, Rounding, check_int, mantissa_max,
@@ -1102,15 +1103,14 @@ def _float_product(qb, xq, pw: PreparedWeights, mantissa_bits_v: int, lsb: int):
 
 def _y_to_fp16(y):
     """Exact float64 (or float32) accumulator values to FP16, nearest even, saturating
-    (the MVM's converter; see the comment above :class:`PreparedWeights`: NumPy's casts
-    to float16 round once, to nearest even, subnormals and overflow included)."""
+    (the MVM's converter: :func:`host.numerics.fp16.round_to_bits` rounds once, to
+    nearest even, subnormals and overflow included, as NumPy's cast to float16 does)."""
     y += 0                            # -0 to +0 (y is the caller's scratch)
     if y.size and float(y.max()) < 65520 and float(y.min()) > -65520:
         # Below 65520 in magnitude nothing rounds to an infinity (65520 is half-way
         # from 65504 to 2**16 and ties go to 2**16).
-        return y.astype(np.float16).view(np.uint16), np.zeros(y.shape, bool)
-    with np.errstate(over="ignore"):
-        bits = y.astype(np.float16).view(np.uint16)
+        return _round_to_bits(y), np.zeros(y.shape, bool)
+    bits = _round_to_bits(y)
     over = (bits & 0x7FFF) == 0x7C00
     if over.any():
         bits = bits - over.astype(np.uint16)          # +-inf to +-65504
