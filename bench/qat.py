@@ -78,7 +78,7 @@ def run():
 
     from host.compiler.onnx_import import import_onnx
     from host.quant.ptq import calibrate_graph
-    from host.quant.qat import DeviceModule, train_qat
+    from host.quant.qat import LR_DROP_EPOCHS, DeviceModule, train_qat
     torch.set_num_threads(1)
     digits = np.load(ROOT / "zoo" / "data" / "digits.npz")
     records = []
@@ -120,7 +120,8 @@ def run():
                 f"{k} {np.mean(v):.1f}" for k, v in rows.items()) +
                 f" ({time.perf_counter() - start:.0f} s)", flush=True)
             cfg = {"model": model, "mantissa_bits": bits, "seeds": len(SEEDS),
-                   "epochs": EPOCHS, "optimizer": "Adam lr 1e-3, batch 32"}
+                   "epochs": EPOCHS, "optimizer": f"Adam lr 1e-3 (1e-4 for the last "
+                                                   f"{LR_DROP_EPOCHS} epochs), batch 32"}
             names = {"fp32": "FP32 (onnxruntime)", "ptq": "NPU calibrated (no training)",
                      "qat_cal": "NPU QAT from calibration",
                      "qat_def": "NPU QAT from default exponents"}

@@ -18,6 +18,7 @@
     npu [--device DEV] [--json] compare MODEL.onnx NET.npz INPUTS.npy
     npu train MODEL.onnx (--data DATA.npz | --zoo DIR) -o OUTDIR [--config BUILD]
               [--method qat|lazy] [--start calibrated|default] [--epochs E] [--lr LR]
+              [--lr-drop-epochs D]
 
 ``--device`` is ``model`` (the reference model in process, the default),
 ``model:KEY=VALUE,...`` (other build parameters), ``serial:PORT[@BAUD]`` or a kind from

@@ -53,7 +53,7 @@ from host.quant.quantfile import QUANT_VERSION, QatError, apply_quant, load_quan
 from host.spec.formats import E8M0_BIAS, EXP_MAX, EXP_MIN, mantissa_max
 
 __all__ = ["QatError", "DeviceModule", "train_qat", "graph_to_onnx", "load_quant",
-           "apply_quant", "QUANT_VERSION"]
+           "apply_quant", "QUANT_VERSION", "LR_DROP_EPOCHS"]
 
 #: The IR ops that quantize (the matrix products) and carry ``attrs["quant"]``.
 _MATRIX_OPS = ("Dense", "Conv")
@@ -386,23 +386,40 @@ class DeviceModule(torch.nn.Module):
              "mantissa_bits_w": cfg.mantissa_bits_w, "layers": self.settings()}, indent=1))
 
 
+#: Epochs at the end of :func:`train_qat` trained at a tenth of the rate.
+LR_DROP_EPOCHS = 3
+
+
 def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs: int = 10,
               lr: float = 1e-3, batch: int = 32, seed: int = 0, progress=None,
-              wrap=None) -> list:
+              wrap=None, lr_drop_epochs: int = LR_DROP_EPOCHS) -> list:
     """Train ``module`` (a classifier: its output is the logits) with Adam on
     cross-entropy; returns the held-out accuracy in percent after each epoch (the first
-    entry is before training). ``progress``: None or a callable given a line per epoch.
-    ``wrap``: None, or a callable that wraps the optimizer (e.g. ``lambda opt:
+    entry is before training). The last ``lr_drop_epochs`` epochs, when ``epochs`` is
+    larger, train at a tenth of ``lr`` (0: the rate stays ``lr``); see
+    ``docs/training.md`` for why. ``progress``: None or a callable given a line per
+    epoch. ``wrap``: None, or a callable that wraps the optimizer (e.g. ``lambda opt:
     LazyUpdate(opt, block_size=N)`` for seed 003's storage of the weights).
+
+    Raises ``ValueError`` for ``epochs`` below 1, ``lr`` not above 0 or
+    ``lr_drop_epochs`` below 0 (naming the parameter and the value).
     """
+    if not (isinstance(epochs, int) and epochs >= 1):
+        raise ValueError(f"epochs must be an integer of at least 1, not {epochs!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, not {lr!r}")
+    if not (isinstance(lr_drop_epochs, int) and lr_drop_epochs >= 0):
+        raise ValueError(f"lr_drop_epochs must be an integer of at least 0, not "
+                         f"{lr_drop_epochs!r}")
+    drop_from = epochs - lr_drop_epochs if 0 < lr_drop_epochs < epochs else epochs
     x_train = torch.as_tensor(np.asarray(x_train, np.float32))
     y_train = torch.as_tensor(np.asarray(y_train, np.int64))
     x_test = torch.as_tensor(np.asarray(x_test, np.float32))
     y_test = torch.as_tensor(np.asarray(y_test, np.int64))
     torch.manual_seed(seed)
-    opt = torch.optim.Adam(module.parameters(), lr=lr)
+    adam = opt = torch.optim.Adam(module.parameters(), lr=lr)
     if wrap is not None:
-        opt = wrap(opt)
+        opt = wrap(adam)
     gen = torch.Generator().manual_seed(seed)
 
     def accuracy():
@@ -411,6 +428,8 @@ def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs:
 
     curve = [accuracy()]
     for epoch in range(epochs):
+        for group in adam.param_groups:
+            group["lr"] = lr / 10 if epoch >= drop_from else lr
         order = torch.randperm(len(x_train), generator=gen)
         for i in range(0, len(order), batch):
             rows = order[i:i + batch]
@@ -420,7 +439,9 @@ def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs:
             opt.step()
         curve.append(accuracy())
         if progress is not None:
-            progress(f"QAT epoch {epoch + 1}/{epochs}: held-out accuracy {curve[-1]:.1f} %")
+            rate = adam.param_groups[0]["lr"]
+            progress(f"QAT epoch {epoch + 1}/{epochs} (rate {rate:g}): held-out accuracy "
+                     f"{curve[-1]:.1f} %")
     return curve
 
 

@@ -5,6 +5,7 @@ device and export the result that ``npu compile --quant`` takes (``docs/training
 
     npu train MODEL.onnx --data DATA.npz -o OUTDIR [--config BUILD]
               [--method qat|lazy] [--start calibrated|default] [--epochs E] [--lr LR]
+              [--lr-drop-epochs D]
 
 ``DATA.npz`` holds ``x_train``, ``y_train``, ``x_test``, ``y_test`` and optionally
 ``x_calib`` (float inputs shaped like the model's, batch first; integer labels). With
@@ -101,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start", choices=("calibrated", "default"), default="calibrated")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-drop-epochs", type=int, default=None,
+                   help="last epochs trained at a tenth of --lr (default 3; 0: constant)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -130,12 +133,15 @@ def run(args) -> dict:
     from host.compiler.onnx_import import OnnxImportError, import_onnx
     from host.quant.bfp_train import LazyUpdate
     from host.quant.ptq import calibrate_graph
-    from host.quant.qat import DeviceModule, QatError, train_qat
+    from host.quant.qat import LR_DROP_EPOCHS, DeviceModule, QatError, train_qat
     from host.spec.config import parse_config
     if args.epochs < 1:
         raise _Usage(f"--epochs must be at least 1, not {args.epochs}")
     if not args.lr > 0:
         raise _Usage(f"--lr must be positive, not {args.lr}")
+    drop = LR_DROP_EPOCHS if args.lr_drop_epochs is None else args.lr_drop_epochs
+    if drop < 0:
+        raise _Usage(f"--lr-drop-epochs must be at least 0, not {drop}")
     try:
         cfg = parse_config(args.config)
         data = load_training_data(args.data, args.zoo)
@@ -168,7 +174,7 @@ def run(args) -> dict:
         f"{len(data['x_train'])} samples)")
     curve = train_qat(module, data["x_train"], data["y_train"], data["x_test"],
                       data["y_test"], epochs=args.epochs, lr=args.lr, seed=args.seed,
-                      progress=say, wrap=wrap)
+                      progress=say, wrap=wrap, lr_drop_epochs=drop)
     module.export(out / "model.onnx", out / "model.quant.json")
     (out / "curve.json").write_text(json.dumps({"held_out_accuracy": curve}, indent=1))
     plotted = _plot(curve, out / "curve.png", f"{args.method} from {args.start} exponents")

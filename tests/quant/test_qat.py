@@ -106,6 +106,29 @@ def test_qat_from_calibration_and_its_export_run_on_the_device(mlp, tmp_path):
     assert not out.exists()
 
 
+def test_the_rate_drops_for_the_last_epochs(mlp):
+    """The optimizer's rate per epoch (read by the progress line from Adam's own
+    parameter groups): a tenth for the last ``lr_drop_epochs`` epochs, only when training
+    is longer; bad values refused naming the parameter."""
+    graph, x_calib, x_test, y_test, x_train, y_train = mlp
+
+    def rates(epochs, **kw):
+        lines = []
+        train_qat(DeviceModule(graph, BUILD), x_train[:64], y_train[:64], x_test[:32],
+                  y_test[:32], epochs=epochs, lr=2e-3, progress=lines.append, **kw)
+        return [float(line.split("(rate ")[1].split(")")[0]) for line in lines]
+
+    assert rates(4, lr_drop_epochs=1) == [2e-3, 2e-3, 2e-3, 2e-4]
+    assert rates(4) == [2e-3, 2e-4, 2e-4, 2e-4]                 # LR_DROP_EPOCHS = 3
+    assert rates(3) == rates(2, lr_drop_epochs=5) + [2e-3] == [2e-3] * 3
+    assert rates(2, lr_drop_epochs=0) == [2e-3, 2e-3]
+    for kw, name in (({"lr_drop_epochs": -1}, "lr_drop_epochs"), ({"epochs": 0}, "epochs"),
+                     ({"lr": 0.0}, "lr")):
+        with pytest.raises(ValueError, match=name):
+            train_qat(DeviceModule(graph, BUILD), x_train[:8], y_train[:8], x_test[:8],
+                      y_test[:8], **{"epochs": 1, **kw})
+
+
 def test_quant_files_are_checked(mlp, tmp_path):
     graph = mlp[0]
     bad = tmp_path / "bad.json"
@@ -146,4 +169,5 @@ def test_npu_train_refuses_bad_arguments(tmp_path):
     np.savez(tmp_path / "d.npz", x_train=np.zeros((3, 8, 8), np.float32))
     assert main(["train", *args, "--data", str(tmp_path / "d.npz")]) == 2   # arrays missing
     assert main(["train", *args, "--zoo", ZOO, "--epochs", "0"]) == 2
+    assert main(["train", *args, "--zoo", ZOO, "--lr-drop-epochs", "-1"]) == 2
     assert not (tmp_path / "o").exists()
