@@ -286,20 +286,27 @@ class NpuLink(wiring.Component):
         rom = Memory(shape=8 + src_bits, depth=len(t.rom),
                      init=[const | src << 8 for const, src in t.rom])
         m.submodules.template = rom
+        # A template byte takes four cycles (timing closure: the ROM and the multiplexer
+        # over every live byte fed the OMP's CRC-32 in one cycle): T_ROM reads the ROM
+        # entry (Yosys makes it a block RAM), T_HOLD registers it, T_PICK the byte it
+        # names, E_TMPL sends it. The core is idle, so its values hold meanwhile.
         rom_rp = rom.read_port(domain="comb")
+        tmpl_read = Signal(8 + src_bits)
+        tmpl_entry = Signal(8 + src_bits)
         tmpl_byte = Signal(8)
-        with m.Switch(rom_rp.data[8:]):
+        tmpl_pick = Signal(8)
+        with m.Switch(tmpl_entry[8:]):
             with m.Case(0):
-                m.d.comb += tmpl_byte.eq(rom_rp.data[:8])
+                m.d.comb += tmpl_pick.eq(tmpl_entry[:8])
             for index, (key, j) in enumerate(t.sources[1:], start=1):
                 with m.Case(index):
-                    m.d.comb += tmpl_byte.eq(Cat(Value.cast(live[key]), Const(0, 64))
+                    m.d.comb += tmpl_pick.eq(Cat(Value.cast(live[key]), Const(0, 64))
                                              [8 * j:8 * j + 8])
 
         # =================================================================================
         # IMP receive side: byte supply, sliding header window, payload, CRC-32
         # =================================================================================
-        R = Signal(abits)             # next buffered byte to scan
+        R = Signal(abits)             # next byte to supply to the scanner
         F = Signal(abits)             # next free buffer place (R == F: take from rx)
         win = Signal(64)              # the last 8 bytes scanned, newest in the top byte
         win_count = Signal(range(9))  # of which belong to the current scan
@@ -310,34 +317,58 @@ class NpuLink(wiring.Component):
         h_tag = Signal(8)
         h_len = Signal(range(MAX_PAYLOAD + 1))
         got = Signal(range(MAX_PAYLOAD + 5))
+        left = Signal(range(MAX_PAYLOAD + 4))        # body bytes after the one scanned
         prefix = Signal(64)           # the payload's first 8 bytes
         timer = Signal(range(self._truncate_cycles + 1))
+        # timer == truncate_cycles, a flip-flop (timing closure: the compare fed the
+        # scanner's idle decision).
+        timed_out = Signal()
         rd_addr_q = Signal(abits)     # buffer address read last cycle
 
         def winb(i):
             return win.word_select(i, 8)
 
+        # The byte supply (rx, or the buffer when re-scanning) hands the scanner one
+        # registered byte (timing closure: the buffer's block RAM output, 5.8 ns
+        # clock-to-out on the ECP5, went on through the header check, the CRC-32 and the
+        # scanner's decisions in one cycle). The scanner takes it the next cycle. On a
+        # byte that may end the scan (a frame's last byte, or one that may complete a
+        # header: the sync sits in the window) the supply pauses, so no byte is ever
+        # taken that the scan would not reach and ``R`` is the place after it.
+        scan_byte = Signal(8)
+        scan_v = Signal()             # scan_byte holds a byte to scan this cycle
+        scan_at = Signal(abits)       # its buffer place
+        # The header window's checks of the bytes already in it, registered as each
+        # byte slides in: its bytes 1..6 begin with the sync, their CRC-16, and the
+        # length field (bytes 5, 6) is over MAX_PAYLOAD.
+        win_sync = Signal()
+        win_crc = Signal(16)
+        win_len_over = Signal()
         from_buf = R != F
         recv = Signal()               # the FSM is in RECV
+        may_end = scan_v & Mux(in_body, left == 0, (win_count >= 7) & win_sync)
+        supply = recv & ~may_end
         rx_take = Signal()
         m.d.comb += [
-            self.rx.ready.eq(recv & ~from_buf & ~flushing),
+            self.rx.ready.eq(supply & ~from_buf & ~flushing),
             rx_take.eq(self.rx.ready & self.rx.valid),
             br.en.eq(1),
             bw.addr.eq(F), bw.data.eq(self.rx.payload), bw.en.eq(rx_take),
         ]
         m.d.sync += rd_addr_q.eq(br.addr)
-        buf_take = recv & from_buf & (rd_addr_q == R)
-        byte_v = rx_take | buf_take
-        byte = Mux(from_buf, br.data, self.rx.payload)
+        buf_take = supply & from_buf & (rd_addr_q == R)
+        m.d.sync += scan_v.eq(rx_take | buf_take)
+        with m.If(rx_take | buf_take):
+            m.d.sync += [scan_byte.eq(Mux(from_buf, br.data, self.rx.payload)),
+                         scan_at.eq(R), R.eq(R + 1)]
         with m.If(rx_take):
-            m.d.sync += [F.eq(F + 1), timer.eq(0)]
-        with m.Elif(timer != self._truncate_cycles):
-            m.d.sync += timer.eq(timer + 1)
+            m.d.sync += [F.eq(F + 1), timer.eq(0), timed_out.eq(0)]
+        with m.Elif(~timed_out):
+            m.d.sync += [timer.eq(timer + 1),
+                         timed_out.eq(timer + 1 == self._truncate_cycles)]
 
-        header_ok = ((win_count >= 7) & (winb(1) == _SYNC0) & (winb(2) == _SYNC1)
-                     & (CRC16_CCITT_FALSE.of_bytes([winb(i) for i in range(1, 7)])
-                        == Cat(winb(7), byte)))
+        byte = scan_byte
+        header_ok = (win_count >= 7) & win_sync & (win_crc == Cat(winb(7), byte))
         new_len = Cat(winb(5), winb(6))
         m.d.comb += [rx_crc.data.eq(byte)]
 
@@ -360,12 +391,21 @@ class NpuLink(wiring.Component):
 
         count = Signal(16)            # words of the request
         idx = Signal(16)              # words done
+        # idx == count - 1, a cycle late (timing closure: the compare fed the reply's
+        # registers). Every use comes at least a cycle after idx or count last changed
+        # (a word's LOAD, or the READ/POP request and response, lie in between).
+        idx_last = Signal()
         wb = Signal(range(wb_max + 1))
         word = Signal(8 * wb_max)
         bp = Signal(abits)            # buffer read pointer of the loader
         iss = Signal(range(wb_max + 1))
         ld_v = Signal()
         ld_k = Signal(range(wb_max + 1))
+        # LOAD puts each byte into the word the cycle after the block RAM gives it
+        # (timing closure: the RAM's output went through the word's input multiplexer).
+        ld_byte = Signal(8)
+        ld_put = Signal()
+        ld_put_k = Signal(range(wb_max + 1))
         space = Signal(8)
         vaddr = Signal(HOST_ADDR_BITS)
         eng = Signal(max(1, ceil_log2(c.tiles)))
@@ -374,15 +414,21 @@ class NpuLink(wiring.Component):
         prog_off = Signal(PROGRAM_ADDR_BITS + 1)
         staged = Signal(PROGRAM_ADDR_BITS + 1)
         staged_total = Signal(32)
+        staged_last = Signal()        # P_SWRITE: the last staged word
         bad = Signal()
         phase = Signal()
         ps_v = Signal()
         ps_last = Signal()
+        # PRESCAN checks each byte the cycle after the block RAM gives it (timing closure).
+        ps_byte = Signal(8)
+        ps_check = Signal()
+        ps_check_last = Signal()
         zs = Signal(8)                # RESET: space being zeroed
         job = Signal(4)
         J_WVEC, J_WMRF, J_STAGE, J_PROG, J_PUSH, J_RVEC, J_RMRF, J_POP = range(1, 9)
 
-        m.d.sync += [ld_v.eq(0), ps_v.eq(0)]
+        m.d.sync += [ld_v.eq(0), ld_put.eq(0), ps_v.eq(0), ps_check.eq(0),
+                     idx_last.eq(idx == count - 1)]
 
         def mrf_advance():
             """Next flat MRF address: row, then engine, then slot (``isa.mrf_address``)."""
@@ -432,9 +478,33 @@ class NpuLink(wiring.Component):
         is_vec = vector_space_exists(c, sp)
         depth = Mux(is_mrf, c.mrf_words, Mux(sp == Space.IVRF.value, c.ivrf_depth,
                                              c.vrf_depth))
-        data_bytes = Mux(is_mrf, acc.count * mb, acc.count * vb)
         flat = acc.addr[:bits_for(c.mrf_words)]
         rest = flat >> log2n
+        L = h_len
+        is_read = h_op == Opcode.READ.value
+        words = (L - 8) >> 3                         # LOAD_PROGRAM
+        vectors = L >> ceil_log2(vb)                 # PUSH_INPUT
+
+        # The checks take three cycles once a frame is known good (timing closure: the
+        # sizes came out of a MULT18X18D into adders, comparators and the priority chain
+        # in one cycle): SIZES registers the products and sums of the header and prefix,
+        # CHECKS every comparison as one flag, and DECIDE only chooses among the flags.
+        # The core is idle meanwhile (no RUN is in progress), so its levels hold.
+        data_bytes = Signal(16 + bits_for(wb_max))   # WRITE/READ: count words' bytes
+        access_end = Signal(33)                      # addr + count
+        access_depth = Signal(range(max(c.mrf_words, c.ivrf_depth, c.vrf_depth) + 1))
+        program_end = Signal(33)                     # offset + words
+        pop_bytes = Signal(16 + bits_for(vb))        # POP_OUTPUT: count vectors' bytes
+        inq_after = Signal(len(core.inq_level) + 16)
+        bad_length = Signal()         # the length does not fit the opcode
+        bad_space = Signal()
+        bad_count = Signal()
+        bad_size = Signal()           # WRITE: the length is not the words'
+        bad_address = Signal()
+        program_more = Signal()       # LOAD_PROGRAM: not the last chunk
+        queue_full = Signal()
+        queue_empty = Signal()
+        halted_at = Signal()          # the core's error was set (halting rule)
 
         with m.FSM(name="link"):
             with m.State("START"):
@@ -442,35 +512,36 @@ class NpuLink(wiring.Component):
             # --- scanning -------------------------------------------------------------
             with m.State("RECV"):
                 m.d.comb += [recv.eq(1), br.addr.eq(R)]
-                with m.If(byte_v):
-                    m.d.sync += R.eq(R + 1)
+                with m.If(scan_v):
                     with m.If(~in_body):
                         m.d.sync += [win.eq(Cat(win[8:], byte)),
-                                     win_count.eq(Mux(win_count == 8, 8, win_count + 1))]
+                                     win_count.eq(Mux(win_count == 8, 8, win_count + 1)),
+                                     win_sync.eq((winb(2) == _SYNC0) & (winb(3) == _SYNC1)),
+                                     win_crc.eq(CRC16_CCITT_FALSE.of_bytes(
+                                         [winb(i) for i in range(2, 8)])),
+                                     win_len_over.eq(Cat(winb(6), winb(7)) > MAX_PAYLOAD)]
                         with m.If(header_ok):
                             m.d.sync += [h_op.eq(winb(3)), h_tag.eq(winb(4)),
-                                         start.eq(R - 7)]
-                            with m.If(new_len > MAX_PAYLOAD):
+                                         start.eq(scan_at - 7)]
+                            with m.If(win_len_over):
                                 refuse(Status.BAD_LENGTH)
                             with m.Else():
-                                m.d.sync += [in_body.eq(1), got.eq(0), h_len.eq(new_len)]
+                                m.d.sync += [in_body.eq(1), got.eq(0), h_len.eq(new_len),
+                                             left.eq(new_len + 3)]
                                 m.d.comb += rx_crc.clear.eq(1)
                     with m.Else():
                         m.d.comb += rx_crc.en.eq(1)
-                        m.d.sync += got.eq(got + 1)
+                        m.d.sync += [got.eq(got + 1), left.eq(left - 1)]
                         for i in range(8):
                             with m.If(got == i):
                                 m.d.sync += prefix.word_select(i, 8).eq(byte)
-                        with m.If(got == h_len + 3):
+                        with m.If(left == 0):
+                            # The trailer's last byte: the CRC-32 register is checked
+                            # against the residue the next cycle (VERIFY).
                             m.d.sync += [in_body.eq(0), win_count.eq(0)]
-                            with m.If(rx_crc.residue_next):
-                                m.d.sync += payload_at.eq(start + 8)
-                                m.next = "DECIDE"
-                            with m.Else():
-                                m.d.sync += R.eq(start + 1)
-                                refuse(Status.BAD_CRC)
+                            m.next = "VERIFY"
                 with m.Elif(~from_buf & (flushing | (~self.rx.valid
-                                                    & (timer == self._truncate_cycles)))):
+                                                    & timed_out))):
                     # The link is idle: an incomplete frame is TRUNCATED and the bytes
                     # after its sync re-scanned; what cannot start a frame is dropped.
                     m.d.sync += win_count.eq(0)
@@ -480,27 +551,71 @@ class NpuLink(wiring.Component):
                     with m.Else():
                         m.d.sync += flushing.eq(0)
 
+            with m.State("VERIFY"):
+                with m.If(rx_crc.value == CRC32.residue ^ CRC32.xorout):
+                    m.d.sync += payload_at.eq(start + 8)
+                    m.next = "SIZES"
+                with m.Else():
+                    m.d.sync += R.eq(start + 1)
+                    refuse(Status.BAD_CRC)
+
             # --- checks, in ProtocolServer's order ---------------------------------------
+            with m.State("SIZES"):
+                m.d.sync += [data_bytes.eq(Mux(is_mrf, acc.count * mb, acc.count * vb)),
+                             access_end.eq(acc.addr + acc.count), access_depth.eq(depth),
+                             program_end.eq(prg.offset + words),
+                             pop_bytes.eq(pop.count * vb),
+                             inq_after.eq(core.inq_level + vectors)]
+                m.next = "CHECKS"
+            with m.State("CHECKS"):
+                m.d.sync += halted_at.eq(halted())
+                with m.Switch(h_op):
+                    with m.Case(Opcode.WRITE, Opcode.READ):
+                        m.d.sync += [
+                            bad_length.eq((L < 8) | (is_read & (L != 8))),
+                            bad_space.eq(~is_mrf & ~is_vec),
+                            bad_count.eq((acc.count == 0)
+                                         | (is_read & (1 + data_bytes > MAX_PAYLOAD))),
+                            bad_size.eq(~is_read & (L != 8 + data_bytes)),
+                            bad_address.eq(access_end > access_depth)]
+                    with m.Case(Opcode.LOAD_PROGRAM):
+                        expect = Mux(prg.offset == 0, 0, staged)
+                        m.d.sync += [
+                            bad_length.eq((L < 8) | (L[:3] != 0)),
+                            bad_count.eq((words == 0) | (prg.total == 0)
+                                         | (prg.total > c.program_depth)),
+                            bad_address.eq((prg.offset != expect)
+                                           | ((prg.offset != 0) & (prg.total != staged_total))
+                                           | (program_end > prg.total)),
+                            program_more.eq(program_end < prg.total)]
+                    with m.Case(Opcode.PUSH_INPUT):
+                        m.d.sync += [bad_length.eq((L == 0) | (L[:ceil_log2(vb)] != 0)),
+                                     queue_full.eq(inq_after > c.netq_depth)]
+                    with m.Case(Opcode.POP_OUTPUT):
+                        m.d.sync += [bad_length.eq(L != 2),
+                                     bad_count.eq((pop.count == 0)
+                                                  | (1 + pop_bytes > MAX_PAYLOAD)),
+                                     queue_empty.eq(core.outq_level < pop.count)]
+                    with m.Default():
+                        m.d.sync += bad_length.eq(L != 0)
+                m.next = "DECIDE"
             with m.State("DECIDE"):
-                L = h_len
                 m.d.sync += [bad.eq(0), idx.eq(0), bp.eq(payload_at + 8)]
                 with m.Switch(h_op):
                     with m.Case(Opcode.WRITE, Opcode.READ):
-                        is_read = h_op == Opcode.READ.value
                         m.d.sync += [space.eq(sp), count.eq(acc.count),
                                      vaddr.eq(acc.addr), row.eq(flat[:log2n] if log2n else 0),
                                      eng.eq(rest % c.tiles), slot.eq(rest // c.tiles),
                                      wb.eq(Mux(is_mrf, mb, vb))]
-                        with m.If((L < 8) | (is_read & (L != 8))):
+                        with m.If(bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(~is_mrf & ~is_vec):
+                        with m.Elif(bad_space):
                             refuse(Status.BAD_SPACE)
-                        with m.Elif((acc.count == 0)
-                                    | (is_read & (1 + data_bytes > MAX_PAYLOAD))):
+                        with m.Elif(bad_count):
                             refuse(Status.BAD_COUNT)
-                        with m.Elif(~is_read & (L != 8 + data_bytes)):
+                        with m.Elif(bad_size):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(acc.addr + acc.count > depth):
+                        with m.Elif(bad_address):
                             refuse(Status.BAD_ADDRESS)
                         with m.Elif(is_read):
                             m.d.sync += job.eq(Mux(is_mrf, J_RMRF, J_RVEC))
@@ -511,20 +626,15 @@ class NpuLink(wiring.Component):
                         with m.Else():
                             load(J_WVEC)
                     with m.Case(Opcode.LOAD_PROGRAM):
-                        words = (L - 8) >> 3
-                        expect = Mux(prg.offset == 0, 0, staged)
                         m.d.sync += [count.eq(words), prog_off.eq(prg.offset),
                                      wb.eq(8)]
-                        with m.If((L < 8) | (L[:3] != 0)):
+                        with m.If(bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif((words == 0) | (prg.total == 0)
-                                    | (prg.total > c.program_depth)):
+                        with m.Elif(bad_count):
                             refuse(Status.BAD_COUNT)
-                        with m.Elif((prg.offset != expect)
-                                    | ((prg.offset != 0) & (prg.total != staged_total))
-                                    | (prg.offset + words > prg.total)):
+                        with m.Elif(bad_address):
                             refuse(Status.BAD_ADDRESS)
-                        with m.Elif(prg.offset + words < prg.total):
+                        with m.Elif(program_more):
                             with m.If(prg.offset == 0):
                                 m.d.sync += staged_total.eq(prg.total)
                             load(J_STAGE)
@@ -535,40 +645,39 @@ class NpuLink(wiring.Component):
                             with m.Else():
                                 m.next = "P_SREAD"
                     with m.Case(Opcode.PUSH_INPUT):
-                        vectors = L >> ceil_log2(vb)
                         m.d.sync += [count.eq(vectors), wb.eq(vb), bp.eq(payload_at)]
-                        with m.If((L == 0) | (L[:ceil_log2(vb)] != 0)):
+                        with m.If(bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(halted()):
+                        with m.Elif(halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
-                        with m.Elif(core.inq_level + vectors > c.netq_depth):
+                        with m.Elif(queue_full):
                             refuse(Status.QUEUE_FULL)
                         with m.Else():
                             load(J_PUSH)
                     with m.Case(Opcode.RUN):
-                        with m.If(L != 0):
+                        with m.If(bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(halted()):
+                        with m.Elif(halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
                         with m.Else():
                             m.d.comb += core.run.eq(1)
                             m.next = "RUN_START"
                     with m.Case(Opcode.POP_OUTPUT):
                         m.d.sync += [count.eq(pop.count), wb.eq(vb), job.eq(J_POP)]
-                        with m.If(L != 2):
+                        with m.If(bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(halted()):
+                        with m.Elif(halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
-                        with m.Elif((pop.count == 0) | (1 + pop.count * vb > MAX_PAYLOAD)):
+                        with m.Elif(bad_count):
                             refuse(Status.BAD_COUNT)
-                        with m.Elif(core.outq_level < pop.count):
+                        with m.Elif(queue_empty):
                             refuse(Status.QUEUE_EMPTY)
                         with m.Else():
-                            reply(Status.OK, 1 + pop.count * vb, data_follows=True)
+                            reply(Status.OK, 1 + pop_bytes, data_follows=True)
                     # The requests without a payload.
                     with m.Case(Opcode.INFO, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS,
                                 Opcode.RESET, Opcode.STATUS, Opcode.CLEAR_ERROR):
-                        with m.If(L != 0):
+                        with m.If(bad_length):
                             refuse(Status.BAD_LENGTH)
                         with m.Elif(h_op == Opcode.INFO.value):
                             reply(Status.OK, 1 + t.length("info"), "info")
@@ -598,10 +707,12 @@ class NpuLink(wiring.Component):
                     m.d.sync += [bp.eq(bp + 1), iss.eq(iss + 1)]
                 m.d.sync += [ld_v.eq(issue), ld_k.eq(iss)]
                 with m.If(ld_v):
+                    m.d.sync += [ld_byte.eq(br.data), ld_put.eq(1), ld_put_k.eq(ld_k)]
+                with m.If(ld_put):
                     for i in range(wb_max):
-                        with m.If(ld_k == i):
-                            m.d.sync += word.word_select(i, 8).eq(br.data)
-                    with m.If(ld_k == wb - 1):
+                        with m.If(ld_put_k == i):
+                            m.d.sync += word.word_select(i, 8).eq(ld_byte)
+                    with m.If(ld_put_k == wb - 1):
                         with m.Switch(job):
                             with m.Case(J_WVEC):
                                 m.next = "W_VEC"
@@ -616,7 +727,7 @@ class NpuLink(wiring.Component):
 
             def next_word(state_after):
                 m.d.sync += [idx.eq(idx + 1), iss.eq(0)]
-                with m.If(idx == count - 1):
+                with m.If(idx_last):
                     state_after()
                 with m.Else():
                     m.next = "LOAD"
@@ -648,11 +759,14 @@ class NpuLink(wiring.Component):
                     with m.If(word_done):
                         m.d.sync += [bp.eq(bp + mb), idx.eq(idx + 1)]
                 with m.If(ps_v):
-                    with m.If(~ps_last & (br.data > MAX_EXPONENT_CODE)):
+                    m.d.sync += [ps_byte.eq(br.data), ps_check.eq(1),
+                                 ps_check_last.eq(ps_last)]
+                with m.If(ps_check):
+                    with m.If(~ps_check_last & (ps_byte > MAX_EXPONENT_CODE)):
                         m.d.sync += bad.eq(1)
-                    with m.If(ps_last & ((br.data & excess_mask) != 0)):
+                    with m.If(ps_check_last & ((ps_byte & excess_mask) != 0)):
                         m.d.sync += bad.eq(1)
-                with m.If(~more & ~ps_v):
+                with m.If(~more & ~ps_v & ~ps_check):
                     with m.If(bad):
                         reply(Status.DEVICE_ERROR, 2, code_value=ErrorCode.MRF_WORD.value)
                     with m.Else():
@@ -678,8 +792,11 @@ class NpuLink(wiring.Component):
                     ok()
                 next_word(staged_done)
 
+            # The staged words to the core; the last one is known in P_SREAD, a cycle
+            # before it is needed (timing closure).
             with m.State("P_SREAD"):
                 m.d.comb += sr.addr.eq(vaddr)
+                m.d.sync += staged_last.eq(vaddr + 1 == prog_off)
                 m.next = "P_SWRITE"
             with m.State("P_SWRITE"):
                 m.d.comb += [sr.addr.eq(vaddr), core.prog_w.valid.eq(1),
@@ -687,7 +804,7 @@ class NpuLink(wiring.Component):
                              core.prog_w.payload.word.eq(sr.data)]
                 with m.If(core.prog_w.ready):
                     m.d.sync += vaddr.eq(vaddr + 1)
-                    with m.If(vaddr + 1 == prog_off):
+                    with m.If(staged_last):
                         load(J_PROG)
                     with m.Else():
                         m.next = "P_SREAD"
@@ -761,7 +878,7 @@ class NpuLink(wiring.Component):
                     m.next = "E_STATUS"
             def template_or_after():
                 with m.If(t_pos != t_end):
-                    m.next = "E_TMPL"
+                    m.next = "T_ROM"
                 with m.Else():
                     after_emit()
 
@@ -776,12 +893,23 @@ class NpuLink(wiring.Component):
                 m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(code)]
                 with m.If(omp.body.ready):
                     template_or_after()
+            with m.State("T_ROM"):
+                m.d.sync += tmpl_read.eq(rom_rp.data)
+                m.next = "T_HOLD"
+            with m.State("T_HOLD"):
+                m.d.sync += tmpl_entry.eq(tmpl_read)
+                m.next = "T_PICK"
+            with m.State("T_PICK"):
+                m.d.sync += tmpl_byte.eq(tmpl_pick)
+                m.next = "E_TMPL"
             with m.State("E_TMPL"):
                 m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(tmpl_byte)]
                 with m.If(omp.body.ready):
                     m.d.sync += t_pos.eq(t_pos + 1)
                     with m.If(t_pos + 1 == t_end):
                         after_emit()
+                    with m.Else():
+                        m.next = "T_ROM"
 
             with m.State("D_REQ"):
                 m.d.sync += iss.eq(0)
@@ -826,13 +954,13 @@ class NpuLink(wiring.Component):
                     m.d.sync += [word.eq(word >> 8), iss.eq(iss + 1)]
                     with m.If(iss == wb - 1):
                         m.d.sync += idx.eq(idx + 1)
-                        with m.If(idx == count - 1):
+                        with m.If(idx_last):
                             m.next = "RECV"
                         with m.Else():
                             m.next = "D_REQ"
 
         m.d.comb += [
-            self.waiting.eq(recv & ~from_buf & ~flushing & omp.idle),
-            self.partial.eq(in_body | (win_count != 0)),
+            self.waiting.eq(recv & ~scan_v & ~from_buf & ~flushing & omp.idle),
+            self.partial.eq(scan_v | in_body | (win_count != 0)),
         ]
         return m
