@@ -110,7 +110,7 @@ def test_the_rate_drops_for_the_last_epochs(mlp):
     """The optimizer's rate per epoch (read by the progress line from Adam's own
     parameter groups): a tenth for the last ``lr_drop_epochs`` epochs, only when training
     is longer; bad values refused naming the parameter."""
-    graph, x_calib, x_test, y_test, x_train, y_train = mlp
+    graph, _, x_test, y_test, x_train, y_train = mlp
 
     def rates(epochs, **kw):
         lines = []
