@@ -234,12 +234,12 @@ def round_to_bits(values) -> np.ndarray:
     significant bits has its last place at ``2**(e - 10)``, FP16's spacing at ``a``
     (``2**-24`` in the subnormal range), and ``a + c`` (``0 <= a < 2**(e + 1)``) stays
     in ``c``'s binade, so the addition rounds ``a`` to that grid once, ties to even
-    because ``c`` is an even multiple of its last place; ``- c`` is then exact. The rounded value times the
-    power of two ``2**(b - 15)`` (``b`` the dtype's bias, so ``2**-14`` lands on the
-    smallest normal number) is exact and has FP16's exponent and top fraction bits at
-    the top of its pattern, FP16's subnormals becoming the dtype's with the same
-    fraction; ``2**16`` becomes the all-ones exponent, the infinity. The sign is the
-    input's.
+    because ``c`` is an even multiple of its last place; ``- c`` is then exact. The
+    rounded value times the power of two ``2**(b - 15)`` (``b`` the dtype's bias, so
+    ``2**-14`` lands on the smallest normal number) is exact and has FP16's exponent and
+    top fraction bits at the top of its pattern, FP16's subnormals becoming the dtype's
+    with the same fraction; ``2**16`` becomes the all-ones exponent, the infinity. The
+    sign is the input's.
 
     Raises ``TypeError`` for arrays of other dtypes.
     """
@@ -254,7 +254,7 @@ def round_to_bits(values) -> np.ndarray:
     out = np.empty(flat.shape, np.uint16)
     # A piece at a time in reused buffers: fresh full-size temporaries cost more (page
     # faults) than the dozen passes over data that stays in cache.
-    a, c, floor = _scratch(v.dtype)
+    a, _, c, floor = _scratch(v.dtype)
     for s in range(0, flat.size, _ROUND_CHUNK):
         m = min(_ROUND_CHUNK, flat.size - s)
         _round_into(flat[s:s + m], out[s:s + m], a[:m], c[:m], floor[:m])
@@ -287,22 +287,24 @@ def _round_into(v, out, a, c, floor) -> None:
     np.copyto(out, c, casting="unsafe")
 
 
-#: Per thread: ``{dtype: (a, c, floor)}`` and ``"y"``, the scratch of :func:`_round_into`
-#: and :func:`_float32_bits`, ``_ROUND_CHUNK`` elements each, made once: arrays this size
-#: are above malloc's mmap threshold, so fresh ones cost page faults on every call.
+#: Per thread: ``{dtype: (a, b, c, floor)}``, the scratch of :func:`round_to_bits` and
+#: :func:`_float32_bits`, ``_ROUND_CHUNK`` elements each, made once: arrays this size are
+#: above malloc's mmap threshold, so fresh ones cost page faults on every call.
 _SCRATCH = threading.local()
 
 
 def _scratch(dtype):
-    """This thread's ``(a, c, floor)`` for float ``dtype``: scratch of that dtype, of its
-    unsigned view type, and the exponent field of 2**-14 in that type, repeated."""
+    """This thread's ``(a, b, c, floor)`` for float ``dtype``: two scratch arrays of that
+    dtype, one of its unsigned view type, and the exponent field of 2**-14 in that type,
+    repeated."""
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None:
         bufs = _SCRATCH.bufs = {}
     dtype = np.dtype(dtype)
     if dtype not in bufs:
         utype, frac, _, bias = _ROUND_FORMATS[dtype][:4]
-        bufs[dtype] = (np.empty(_ROUND_CHUNK, dtype), np.empty(_ROUND_CHUNK, utype),
+        bufs[dtype] = (np.empty(_ROUND_CHUNK, dtype), np.empty(_ROUND_CHUNK, dtype),
+                       np.empty(_ROUND_CHUNK, utype),
                        np.full(_ROUND_CHUNK, (bias - 14) << frac, utype))
     return bufs[dtype]
 
@@ -368,10 +370,7 @@ def _float32_bits(op, a, b):
     """
     af, bf = a.reshape(-1), b.reshape(-1)
     out = np.empty(af.shape, np.uint16)
-    y, c, floor = _scratch(np.float32)
-    x = getattr(_SCRATCH, "x", None)
-    if x is None:
-        x = _SCRATCH.x = np.empty(_ROUND_CHUNK, np.float32)
+    x, y, c, floor = _scratch(np.float32)
     lim = np.float32(65536)
     for s in range(0, af.size, _ROUND_CHUNK):       # in cache, as in round_to_bits
         m = min(_ROUND_CHUNK, af.size - s)

@@ -53,7 +53,7 @@ from host.quant.quantfile import QUANT_VERSION, QatError, apply_quant, load_quan
 from host.spec.formats import E8M0_BIAS, EXP_MAX, EXP_MIN, mantissa_max
 
 __all__ = ["QatError", "DeviceModule", "train_qat", "graph_to_onnx", "load_quant",
-           "apply_quant", "QUANT_VERSION", "LR_DROP_EPOCHS"]
+           "apply_quant", "QUANT_VERSION", "LR_DROP_EPOCHS", "check_schedule"]
 
 #: The IR ops that quantize (the matrix products) and carry ``attrs["quant"]``.
 _MATRIX_OPS = ("Dense", "Conv")
@@ -390,6 +390,19 @@ class DeviceModule(torch.nn.Module):
 LR_DROP_EPOCHS = 3
 
 
+def check_schedule(epochs, lr, lr_drop_epochs) -> None:
+    """Raise ``ValueError`` naming the parameter and the value unless ``epochs`` is an
+    integer of at least 1, ``lr`` is positive and ``lr_drop_epochs`` an integer of at
+    least 0 (:func:`train_qat`'s schedule; ``npu train`` checks it before writing)."""
+    if not (isinstance(epochs, int) and epochs >= 1):
+        raise ValueError(f"epochs must be an integer of at least 1, not {epochs!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, not {lr!r}")
+    if not (isinstance(lr_drop_epochs, int) and lr_drop_epochs >= 0):
+        raise ValueError(f"lr_drop_epochs must be an integer of at least 0, not "
+                         f"{lr_drop_epochs!r}")
+
+
 def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs: int = 10,
               lr: float = 1e-3, batch: int = 32, seed: int = 0, progress=None,
               wrap=None, lr_drop_epochs: int = LR_DROP_EPOCHS) -> list:
@@ -404,13 +417,7 @@ def train_qat(module: DeviceModule, x_train, y_train, x_test, y_test, *, epochs:
     Raises ``ValueError`` for ``epochs`` below 1, ``lr`` not above 0 or
     ``lr_drop_epochs`` below 0 (naming the parameter and the value).
     """
-    if not (isinstance(epochs, int) and epochs >= 1):
-        raise ValueError(f"epochs must be an integer of at least 1, not {epochs!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be positive, not {lr!r}")
-    if not (isinstance(lr_drop_epochs, int) and lr_drop_epochs >= 0):
-        raise ValueError(f"lr_drop_epochs must be an integer of at least 0, not "
-                         f"{lr_drop_epochs!r}")
+    check_schedule(epochs, lr, lr_drop_epochs)
     drop_from = epochs - lr_drop_epochs if 0 < lr_drop_epochs < epochs else epochs
     x_train = torch.as_tensor(np.asarray(x_train, np.float32))
     y_train = torch.as_tensor(np.asarray(y_train, np.int64))

@@ -133,15 +133,15 @@ def run(args) -> dict:
     from host.compiler.onnx_import import OnnxImportError, import_onnx
     from host.quant.bfp_train import LazyUpdate
     from host.quant.ptq import calibrate_graph
-    from host.quant.qat import LR_DROP_EPOCHS, DeviceModule, QatError, train_qat
+    from host.quant.qat import (LR_DROP_EPOCHS, DeviceModule, QatError, check_schedule,
+                                train_qat)
     from host.spec.config import parse_config
-    if args.epochs < 1:
-        raise _Usage(f"--epochs must be at least 1, not {args.epochs}")
-    if not args.lr > 0:
-        raise _Usage(f"--lr must be positive, not {args.lr}")
     drop = LR_DROP_EPOCHS if args.lr_drop_epochs is None else args.lr_drop_epochs
-    if drop < 0:
-        raise _Usage(f"--lr-drop-epochs must be at least 0, not {drop}")
+    try:
+        check_schedule(args.epochs, args.lr, drop)
+    except ValueError as exc:
+        name, rest = str(exc).split(" ", 1)            # the message names the parameter
+        raise _Usage(f"--{name.replace('_', '-')} {rest}") from None
     try:
         cfg = parse_config(args.config)
         data = load_training_data(args.data, args.zoo)
