@@ -19,11 +19,17 @@ the reference model :func:`host.model.mfu.run_chain` / :class:`host.model.mfu.Mf
 Each runs with and without stalls (random idle cycles on ``chain``, ``i_stream`` and
 ``vrf_w``, random back-pressure on ``o_stream``) where it says ``stalls``.
 
+A build of ``lanes`` < ``n`` is driven in beats: each native vector goes into ``i_stream``
+and ``vrf_w`` (at beat addresses) as ``n / lanes`` beats in lane order, and the beats of
+``o_stream`` are joined back into native vectors before they are compared; ``last`` must
+be on the chain's final beat only. The model knows nothing of beats.
+
 Parameters come from the environment (set by ``tests/hw/test_mfu_hw.py``): ``MFU_N``,
-``MFU_MFUS``, ``MFU_VRF_DEPTH``, ``MFU_MAX_LENGTH``, ``MFU_COUNTER_BITS``, ``MFU_OPS``
-(comma-separated unary ops, default all), ``MFU_UNIT_SETS`` (the text form of
-``host.spec.mfu.parse_unit_sets``, default every unit in every MFU; the random chains and
-VRF contents follow it) and ``MFU_CHAINS`` (random chains per run).
+``MFU_LANES`` (default ``n``), ``MFU_MFUS``, ``MFU_VRF_DEPTH``, ``MFU_MAX_LENGTH``,
+``MFU_COUNTER_BITS``, ``MFU_OPS`` (comma-separated unary ops, default all),
+``MFU_UNIT_SETS`` (the text form of ``host.spec.mfu.parse_unit_sets``, default every unit
+in every MFU; the random chains and VRF contents follow it) and ``MFU_CHAINS`` (random
+chains per run).
 """
 
 from __future__ import annotations
@@ -56,7 +62,9 @@ IDLE_TIMEOUT_CYCLES = 5000
 def config_from_env() -> MfuConfig:
     names = os.environ.get("MFU_OPS", "")
     ops = tuple(UnaryOp.parse(n) for n in names.split(",")) if names else tuple(UnaryOp)
+    lanes = os.environ.get("MFU_LANES")
     return MfuConfig(n=int(os.environ.get("MFU_N", "4")),
+                     lanes=int(lanes) if lanes else None,
                      mfus=int(os.environ.get("MFU_MFUS", "2")),
                      vrf_depth=int(os.environ.get("MFU_VRF_DEPTH", "16")),
                      max_length=int(os.environ.get("MFU_MAX_LENGTH", "8")),
@@ -72,9 +80,9 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
 
     1 (the last vector into the output queue's buffer) plus, per op, its unit's input
     registers (``hw.mfu.mfu.INPUT_STAGES``) and latency (ADDSUB, MUL 6; ACT 15; REDUCE
-    ``L - 1`` more vectors in, then its latency); plus 1 when the first op reads a VRF
-    (its first operand is in the read-ahead ring only 2 edges after acceptance, and the
-    pipeline holds the input).
+    ``L * beats - 1`` more beats in, then its latency, which does not depend on the
+    lanes); plus 1 when the first op reads a VRF (its first operand is in the read-ahead
+    ring only 2 edges after acceptance, and the pipeline holds the input).
     """
     from hw.arith.fp16_arith import LATENCY as BINARY
     from hw.arith.fp16_reduce import Fp16Reduce
@@ -83,7 +91,7 @@ def chain_cycles(cfg: MfuConfig, ops, length: int) -> int:
     reduce_latency = Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length).latency
     cycles = 1
     latency = {MfuUnit.ADDSUB: BINARY, MfuUnit.MUL: BINARY, MfuUnit.ACT: UNARY,
-               MfuUnit.REDUCE: length - 1 + reduce_latency}
+               MfuUnit.REDUCE: length * cfg.beats - 1 + reduce_latency}
     for op in ops:
         cycles += INPUT_STAGES + latency[op.unit]
     if ops and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL):
@@ -146,6 +154,12 @@ def pack_vector(v: np.ndarray) -> int:
     return int.from_bytes(np.ascontiguousarray(v, dtype="<u2").tobytes(), "little")
 
 
+def pack_beats(cfg: MfuConfig, vectors: np.ndarray) -> list[int]:
+    """The transfers of native vectors ``(L, n)``: ``L * beats`` beats of ``lanes``
+    lanes, beat ``b`` of vector ``j`` holding its lanes ``b*lanes ..``."""
+    return [pack_vector(beat) for beat in np.asarray(vectors).reshape(-1, cfg.lanes)]
+
+
 class TB:
     """Clock, reset, the three sources, the sink and monitor, the model and checks."""
 
@@ -187,10 +201,14 @@ class TB:
     # --- driving ---------------------------------------------------------------------------
 
     def write_vrf(self, mfu: int, bank: VrfBank, addr: int, vectors: np.ndarray):
-        """Queue VRF writes of ``vectors`` at ``addr ..`` and apply them to the model."""
+        """Queue VRF writes of ``vectors`` at ``addr ..`` and apply them to the model (one
+        write per beat, beat ``b`` of the vector at ``a`` at beat address ``a * beats +
+        b``)."""
         off = self._w_offsets
-        words = [(mfu << off["mfu"]) | (bank.value << off["bank"]) | ((addr + k) << off["addr"])
-                 | (pack_vector(v) << off["values"]) for k, v in enumerate(vectors)]
+        beats = self.cfg.beats
+        words = [(mfu << off["mfu"]) | (bank.value << off["bank"])
+                 | ((addr * beats + k) << off["addr"]) | (beat << off["values"])
+                 for k, beat in enumerate(pack_beats(self.cfg, vectors))]
         self.vrf_src.send(words)
         self.vrfs.write(mfu, bank, addr, vectors)
 
@@ -213,7 +231,7 @@ class TB:
         """Queue one chain (configuration and inputs) and its expected result."""
         result = run_chain(self.cfg, ops, x, lanes_last, self.vrfs)
         self.chain_src.send([encode_chain(self.cfg, ops, len(x), lanes_last)])
-        self.in_src.send([pack_vector(v) for v in x])
+        self.in_src.send(pack_beats(self.cfg, x))
         self.expected.append(result.out)
         self.counters.add(result)
         self.chains += 1
@@ -229,7 +247,7 @@ class TB:
 
     async def wait_idle(self):
         """Every queued chain has left o_stream and busy is low."""
-        total = sum(len(e) for e in self.expected)
+        total = sum(len(e) for e in self.expected) * self.cfg.beats
         await self.monitor.wait_for(total, CLOCK_NS)
         for _ in range(IDLE_TIMEOUT_CYCLES):
             await ReadOnly()
@@ -240,33 +258,37 @@ class TB:
             raise AssertionError("busy stays high after the last output")
         await RisingEdge(self.dut.clk)
         assert len(self.monitor.items) == total, (
-            f"{len(self.monitor.items)} vectors came out for {total} expected")
+            f"{len(self.monitor.items)} beats came out for {total} expected")
 
     def check_outputs(self) -> list[np.ndarray]:
-        """Compare every output vector (and ``last``) received since the last check;
-        returns the received chains' outputs."""
-        n = self.cfg.n
+        """Compare every output vector (joined from its beats) and ``last`` (on the
+        chain's final beat only) received since the last check; returns the received
+        chains' outputs."""
+        lanes, beats = self.cfg.lanes, self.cfg.beats
         got_chains = []
-        k = 0
+        k = 0                                   # beats
         for c, exp in enumerate(self.expected):
             for j in range(len(exp)):
                 if k < self.checked:
-                    k += 1
+                    k += beats
                     continue
-                word = self.monitor.items[k]
-                got = np.frombuffer((word & ((1 << 16 * n) - 1)).to_bytes(2 * n, "little"),
-                                    "<u2")
-                last = word >> (16 * n)
+                got = np.empty(self.cfg.n, np.uint16)
+                for b in range(beats):
+                    word = self.monitor.items[k + b]
+                    got[b * lanes:(b + 1) * lanes] = np.frombuffer(
+                        (word & ((1 << 16 * lanes) - 1)).to_bytes(2 * lanes, "little"), "<u2")
+                    last = word >> (16 * lanes)
+                    final = j == len(exp) - 1 and b == beats - 1
+                    assert last == final, (
+                        f"chain {c} vector {j} beat {b}: last = {last}, length {len(exp)}")
                 if j == 0:
                     got_chains.append(np.empty_like(exp))
                 got_chains[-1][j] = got
-                assert last == (j == len(exp) - 1), (
-                    f"chain {c} vector {j}: last = {last}, length {len(exp)}")
                 bad = np.nonzero(got != exp[j])[0]
                 assert not len(bad), (
                     f"chain {c} vector {j}: lanes {bad.tolist()} gave "
                     f"{[hex(v) for v in got[bad]]}, model {[hex(v) for v in exp[j][bad]]}")
-                k += 1
+                k += beats
         self.checked = k
         return got_chains
 
@@ -440,7 +462,7 @@ async def test_timing(dut):
             assert dut.chain__ready.value, "chain.ready low while idle"
             dut.chain__payload.value = encode_chain(cfg, ops, length, cfg.n)
             dut.chain__valid.value = 1
-            tb.in_src.send([pack_vector(v) for v in x])    # offered from the next cycle
+            tb.in_src.send(pack_beats(cfg, x))              # offered from the next cycle
             await RisingEdge(dut.clk)                       # the chain is taken here
             dut.chain__valid.value = 0
             cycles = 0
@@ -450,14 +472,15 @@ async def test_timing(dut):
                     break
                 await RisingEdge(dut.clk)
                 cycles += 1
-            await tb.monitor.wait_for(first + length, CLOCK_NS)
+            beats = length * cfg.beats
+            await tb.monitor.wait_for(first + beats, CLOCK_NS)
             outs = tb.monitor.cycles[first:]
             await ReadOnly()
             assert dut.chain__ready.value, "chain.ready not back after the last output"
             expected = chain_cycles(cfg, ops, length)
             names = [str(o) for o in ops]
-            assert outs == list(range(outs[0], outs[0] + length)), (
-                f"{names}: outputs not back to back: {outs}")
+            assert outs == list(range(outs[0], outs[0] + beats)), (
+                f"{names}: output beats not back to back: {outs}")
             assert cycles == expected, (
                 f"{names} L={length}: first output {cycles} cycles after acceptance, "
                 f"chain_cycles says {expected}")

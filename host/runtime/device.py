@@ -308,7 +308,8 @@ class Device:
 
     def info(self) -> dict:
         """Protocol version, ``max_payload``, the build parameters (as ``NpuModel.info``:
-        ``unary_ops`` by name, ``unit_sets`` as each MFU's unit names) and derived sizes.
+        ``unary_ops`` by name, ``unit_sets`` as each MFU's unit names, ``lanes`` also where
+        the device does not send it, ``lanes = n``) and derived sizes.
         Cached after the first call."""
         if self._info is None:
             entries = p.unpack_info(self._request(Opcode.INFO))
@@ -319,6 +320,7 @@ class Device:
             self._config = p.config_from_entries(entries)
             entries["unary_ops"] = [op.name.lower() for op in self._config.unary_ops]
             entries["unit_sets"] = p.unit_sets_info(self._config)
+            entries[p.LANES_ENTRY] = self._config.lanes
             self._info = entries
         return dict(self._info)
 

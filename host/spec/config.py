@@ -217,6 +217,12 @@ class NpuConfig(MvmConfig):
         (``host.spec.mfu.allocate``); the AddSubVrf (MulVrf) of an MFU without ADDSUB
         (MUL) does not exist (its space is refused as a space of an absent MFU is).
         Stored normalized: None, or a tuple of ``mfus`` tuples of ``MfuUnit``.
+    lanes : int or None
+        FP16 lanes ``l`` of the vector units outside the MAC array (None, the default:
+        ``n``), from 2 to ``n``, dividing ``n`` (``host.spec.mfu.MfuConfig.lanes``, which
+        says how a native vector passes in ``beats = n / l`` beats). Results do not depend
+        on it: an image runs on any ``lanes`` (``host.spec.image.RESULT_NEUTRAL``). Stored
+        as an int, so ``NpuConfig(n=8) == NpuConfig(n=8, lanes=8)``.
 
     Raises
     ------
@@ -231,10 +237,13 @@ class NpuConfig(MvmConfig):
     max_length: int = 64
     unary_ops: tuple = None
     unit_sets: tuple | None = None
+    lanes: int | None = None
 
     def __post_init__(self):
+        from host.spec.mfu import check_lanes
         from host.spec.ops import parse_ops
         super().__post_init__()
+        object.__setattr__(self, "lanes", check_lanes(self.lanes, self.n))
         for name in ("ivrf_depth", "netq_depth"):
             check_int(name, getattr(self, name), 1, 1 << 24)
         check_int("program_depth", self.program_depth, 2, 1 << 20)
@@ -258,7 +267,18 @@ class NpuConfig(MvmConfig):
         from host.spec.mfu import MfuConfig
         return MfuConfig(n=self.n, mfus=self.mfus, vrf_depth=self.vrf_depth,
                          max_length=self.max_length, unary_ops=self.unary_ops,
-                         counter_bits=self.counter_bits, unit_sets=self.unit_sets)
+                         counter_bits=self.counter_bits, unit_sets=self.unit_sets,
+                         lanes=self.lanes)
+
+    @property
+    def beats(self) -> int:
+        """Beats of one native vector in the vector units, ``n // lanes``."""
+        return self.n // self.lanes
+
+    @property
+    def beat_bits(self) -> int:
+        """Width of a beat index, ``log2(beats)``."""
+        return self.beats.bit_length() - 1
 
     @property
     def direct_depth(self) -> int:
@@ -277,11 +297,13 @@ class NpuConfig(MvmConfig):
         """The build's fields by name, in field order, unary ops as a list of their
         lower-case names, ``narrow_check`` as a bool, ``unit_sets`` as one list of unit
         names per MFU and left out when None (every unit in every MFU, so that the
-        default build's dict and JSON are what they were before unit sets existed): what
-        network images and JSON carry (INFO carries the same fields as integers,
-        ``host.spec.protocol``)."""
+        default build's dict and JSON are what they were before unit sets existed),
+        ``lanes`` left out when it is ``n`` (likewise): what network images and JSON carry
+        (INFO carries the same fields as integers, ``host.spec.protocol``)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values["unary_ops"] = [op.name.lower() for op in self.unary_ops]
+        if self.lanes == self.n:
+            del values["lanes"]
         if self.unit_sets is None:
             del values["unit_sets"]
         else:
@@ -346,7 +368,7 @@ def parse_config(text: str, base: str = "default") -> NpuConfig:
     the option ``narrow_check`` takes ``1``/``0``, ``true``/``false``, ``on``/``off`` or
     ``yes``/``no`` (any case). Examples: ``""`` (the ``base`` preset), ``"ulx3s"``,
     ``"n=8,tiles=1"``, ``"ulx3s,mrf_depth=1024"``, ``"ulx3s,narrow_check=off"``,
-    ``"mfus=3,unit_sets=all/addsub+mul/act"``.
+    ``"mfus=3,unit_sets=all/addsub+mul/act"``, ``"n=8,lanes=4"``.
 
     Raises
     ------

@@ -23,7 +23,7 @@ import numpy as np
 from host.spec.isa import Space
 
 __all__ = ["NetworkImage", "ImageError", "IMAGE_FORMAT", "IMAGE_VERSION", "IMAGE_VERSION_RUNS",
-           "IMAGE_VERSIONS", "KEEP"]
+           "IMAGE_VERSIONS", "KEEP", "RESULT_NEUTRAL"]
 
 IMAGE_FORMAT = "bfp-npu-image"
 #: The version :meth:`NetworkImage.save` writes for an image of one run per job.
@@ -34,6 +34,12 @@ IMAGE_VERSION_RUNS = 3
 IMAGE_VERSIONS = (1, 2, 3)
 #: What a job of several runs returns: every run's outputs, or the last run's.
 KEEP = ("all", "last")
+#: Build parameters that change no result, which :meth:`NetworkImage.check_config` does
+#: not compare: an image compiled for one value runs on a device of another. An image still
+#: records them (``NpuConfig.to_dict``). ``tiles`` (T) changes no result either, but an
+#: image's MRF words are laid out for its T until the runtime lays them out for the
+#: device's (the layout issue), which then adds it here.
+RESULT_NEUTRAL = ("lanes",)
 
 
 class ImageError(ValueError):
@@ -119,7 +125,8 @@ class NetworkImage:
 
     def check_config(self, config) -> None:
         """Raise ValueError naming the first build parameter that differs from
-        ``config`` (an ``NpuConfig``), with both values."""
+        ``config`` (an ``NpuConfig``), with both values; the parameters of
+        :data:`RESULT_NEUTRAL` are not compared."""
         if self.config is None:
             return
         have_all = config.to_dict()
@@ -127,6 +134,8 @@ class NetworkImage:
         # An image without unit_sets was built for every unit in every MFU.
         built_for.setdefault("unit_sets", None)
         for name, want in built_for.items():
+            if name in RESULT_NEUTRAL:
+                continue
             have = have_all.get(name, getattr(config, name, None))
             if have != want:
                 raise ValueError(f"the image was built for {name}={want!r}, the device has "

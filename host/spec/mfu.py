@@ -38,7 +38,8 @@ from host.spec.ops import UnaryOp, parse_ops
 
 __all__ = [
     "MfuUnit", "VrfBank", "UNITS", "ALL_UNITS", "MfuOp", "allocate", "parse_unit_sets",
-    "format_unit_sets", "units_built", "unit_set_mask", "unit_sets_from_mask", "MfuConfig",
+    "format_unit_sets", "units_built", "unit_set_mask", "unit_sets_from_mask", "LANES_MIN",
+    "check_lanes", "MfuConfig",
     "slot_layout", "mfu_layout", "chain_layout", "encode_chain", "decode_chain",
     "vrf_write_layout",
 ]
@@ -330,6 +331,31 @@ def allocate(ops, mfus: int, unit_sets=None) -> tuple[tuple[MfuOp, ...], ...]:
     return tuple(tuple(p) for p in placed)
 
 
+#: The fewest lanes a build may have (``lanes``, :func:`check_lanes`). One lane would
+#: divide ``n`` too, but it is refused: from two lanes to one an MFU saves one lane (about
+#: 2.7k LUT4 sites, ``SPEC.md`` section 8) while its chains take twice the cycles, and
+#: every beat count, the output ring (``max_length * n / lanes`` entries) and REDUCE's
+#: vector tree (``max_length * n / lanes`` items) double again.
+LANES_MIN = 2
+
+
+def check_lanes(lanes, n: int) -> int:
+    """``lanes`` as an int: None means ``n``; otherwise an integer from :data:`LANES_MIN`
+    to ``n`` that divides ``n`` (so a power of two, as ``n`` is).
+
+    Raises
+    ------
+    TypeError, ValueError
+        naming ``lanes`` and the value (and ``n`` when it does not divide it).
+    """
+    if lanes is None:
+        return n
+    lanes = check_int("lanes", lanes, LANES_MIN, n)
+    if n % lanes:
+        raise ValueError(f"lanes must divide n = {n}, not {lanes}")
+    return lanes
+
+
 @dataclasses.dataclass(frozen=True)
 class MfuConfig:
     """Build parameters of an MFU pipeline; every width of the gateware derives from them.
@@ -354,6 +380,14 @@ class MfuConfig:
         unit in every MFU). An MFU builds only its units, and its AddSubVrf (MulVrf) only
         with ADDSUB (MUL); :func:`allocate` moves an op past the MFUs without its unit.
         Stored normalized: None or a tuple of ``mfus`` tuples of :class:`MfuUnit`.
+    lanes : int or None
+        FP16 lanes ``l`` of the MFUs' datapath (None, the default: ``n``), from
+        :data:`LANES_MIN` to ``n``, dividing ``n``. A native vector then passes in
+        ``beats = n / l`` *beats*, one per cycle: beat ``b`` of native vector ``j``
+        carries its lanes ``b*l .. b*l + l - 1``, the beats of a vector in order, the
+        vectors in order (in NumPy, ``x.reshape(-1, l)`` of an ``(L, n)`` array). Only
+        widths and counts depend on it, never a result: the chain encoding, ``length``
+        and ``lanes_last`` stay in native vectors and lanes of ``n``. Stored as an int.
 
     Raises
     ------
@@ -367,6 +401,7 @@ class MfuConfig:
     unary_ops: tuple = tuple(UnaryOp)
     counter_bits: int = 32
     unit_sets: tuple | None = None
+    lanes: int | None = None
 
     def __post_init__(self):
         check_int("n", self.n, 4, 64)
@@ -384,6 +419,7 @@ class MfuConfig:
         object.__setattr__(self, "unary_ops", ops)
         check_int("counter_bits", self.counter_bits, 1, 64)
         object.__setattr__(self, "unit_sets", parse_unit_sets(self.unit_sets, self.mfus))
+        object.__setattr__(self, "lanes", check_lanes(self.lanes, self.n))
 
     def units(self, mfu: int) -> tuple:
         """The units built in MFU ``mfu`` (sorted by code)."""
@@ -405,6 +441,16 @@ class MfuConfig:
     def length_bits(self) -> int:
         """Width of the chain's ``length`` field, which holds ``L`` (1..max_length)."""
         return self.max_length.bit_length()
+
+    @property
+    def beats(self) -> int:
+        """Beats of one native vector, ``n // lanes`` (1 when ``lanes == n``)."""
+        return self.n // self.lanes
+
+    @property
+    def beat_bits(self) -> int:
+        """Width of a beat index, ``log2(beats)`` (0 when ``lanes == n``)."""
+        return self.beats.bit_length() - 1
 
     @property
     def lanes_bits(self) -> int:
@@ -563,12 +609,17 @@ def decode_chain(cfg: MfuConfig, word: int):
 
 def vrf_write_layout(cfg: MfuConfig) -> data.StructLayout:
     """Payload of the pipeline's ``vrf_w`` stream, low bits first: ``mfu``
-    (``cfg.mfu_bits``), ``bank`` (:class:`VrfBank`, 1 bit), ``addr`` (``cfg.addr_bits``),
-    ``values`` (``n`` FP16 lanes)."""
+    (``cfg.mfu_bits``), ``bank`` (:class:`VrfBank`, 1 bit), ``addr`` (``cfg.addr_bits +
+    cfg.beat_bits``), ``values`` (``cfg.lanes`` FP16 lanes).
+
+    One write is one beat: ``addr`` is a *beat address*, ``a * beats + b`` for beat ``b``
+    of the native vector at VRF address ``a`` (``Cat(b, a)``), and ``values`` its lanes
+    ``b*lanes .. b*lanes + lanes - 1``. With ``lanes == n`` that is one native vector at
+    its address."""
     _check_cfg(cfg)
     return data.StructLayout({
         "mfu": unsigned(cfg.mfu_bits),
         "bank": VrfBank,
-        "addr": unsigned(cfg.addr_bits),
-        "values": data.ArrayLayout(unsigned(FP16_BITS), cfg.n),
+        "addr": unsigned(cfg.addr_bits + cfg.beat_bits),
+        "values": data.ArrayLayout(unsigned(FP16_BITS), cfg.lanes),
     })

@@ -56,7 +56,7 @@ __all__ = [
     "program_to_bytes", "bytes_to_program", "pack_pop", "unpack_pop", "pack_status",
     "unpack_status",
     "pack_entries", "unpack_entries", "pack_info", "unpack_info", "CONFIG_FIELDS",
-    "OPTION_FIELDS", "UNIT_SETS_ENTRY", "unit_sets_info",
+    "OPTION_FIELDS", "UNIT_SETS_ENTRY", "LANES_ENTRY", "unit_sets_info",
     "config_entries", "config_from_entries", "space_depth", "word_bytes",
 ]
 
@@ -619,17 +619,25 @@ OPTION_FIELDS = {"narrow_check": True}
 #: reply without it (such a build, or one from before) means every unit in every MFU.
 UNIT_SETS_ENTRY = "unit_sets"
 
+#: The INFO entry of ``NpuConfig.lanes``, after :data:`UNIT_SETS_ENTRY`'s place. A build
+#: whose vector units are ``n`` lanes wide does not send it, so that its INFO (and the
+#: link's INFO ROM, ``hw.link``) is what it was before lanes existed, and a reply without
+#: it means ``lanes = n``.
+LANES_ENTRY = "lanes"
+
 
 def config_entries(config) -> dict[str, int]:
     """INFO entries of an ``NpuConfig``: :data:`CONFIG_FIELDS`, ``unary_ops`` as a mask,
     options as 1 (built) or 0 (left out), then :data:`UNIT_SETS_ENTRY` where the build
-    has unit sets."""
+    has unit sets and :data:`LANES_ENTRY` where its lanes are fewer than ``n``."""
     from host.spec.mfu import unit_set_mask
     out = {name: int(getattr(config, name)) for name in CONFIG_FIELDS if name != "unary_ops"}
     out["unary_ops"] = sum(1 << op.value for op in config.unary_ops)
     out = {name: out[name] for name in CONFIG_FIELDS}
     if config.unit_sets is not None:
         out[UNIT_SETS_ENTRY] = unit_set_mask(config.unit_sets, config.mfus)
+    if config.lanes != config.n:
+        out[LANES_ENTRY] = config.lanes
     return out
 
 
@@ -637,13 +645,16 @@ def build_info(config) -> dict:
     """What a device of build ``config`` (an ``NpuConfig``) says about itself: every
     ``NpuConfig`` field (``unary_ops`` as a list of names, options such as
     ``narrow_check`` as bools, ``unit_sets`` as one list of unit names per MFU, every
-    unit where the build has no unit sets), then the derived sizes
+    unit where the build has no unit sets, then ``lanes``, also where it is ``n``), then
+    the derived sizes
     ``mrf_words``, ``weight_block_bits``, ``macs_per_cycle`` and ``word_bits`` (the
     instruction width). The reference model's ``info()`` and the gateware's INFO reply
     are both made from it."""
     from host.spec.isa import WORD_BITS
     info = config.to_dict()
+    info.pop("lanes", None)
     info["unit_sets"] = unit_sets_info(config)
+    info["lanes"] = config.lanes
     info.update(mrf_words=config.mrf_words, weight_block_bits=config.mvm.weight_block_bits,
                 macs_per_cycle=config.mvm.macs_per_cycle, word_bits=WORD_BITS)
     return info
@@ -658,9 +669,12 @@ def unit_sets_info(config) -> list[list[str]]:
 
 def info_entries(config) -> dict[str, int]:
     """The INFO reply entries of build ``config``: :func:`config_entries`, then the other
-    integer entries of :func:`build_info` (the derived sizes), in that order."""
+    integer entries of :func:`build_info` (the derived sizes), in that order. ``lanes`` is
+    :func:`config_entries`' to send or not: never added here."""
     entries = config_entries(config)
     for name, value in build_info(config).items():
+        if name == LANES_ENTRY:
+            continue
         if name not in entries and isinstance(value, int) and not isinstance(value, bool):
             entries[name] = value
     return entries
@@ -669,7 +683,7 @@ def info_entries(config) -> dict[str, int]:
 def config_from_entries(entries: dict[str, int]):
     """The ``NpuConfig`` an INFO reply describes (other entries are ignored). An option
     the reply does not name takes its :data:`OPTION_FIELDS` value; no ``unit_sets`` entry
-    means every unit in every MFU.
+    means every unit in every MFU, no ``lanes`` entry ``lanes = n``.
 
     Raises
     ------
@@ -697,6 +711,8 @@ def config_from_entries(entries: dict[str, int]):
                                                       fields["mfus"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"INFO entry {UNIT_SETS_ENTRY}: {exc}") from None
+    if LANES_ENTRY in entries:
+        fields["lanes"] = entries[LANES_ENTRY]
     try:
         return NpuConfig(**fields)
     except TypeError as exc:

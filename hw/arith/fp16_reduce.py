@@ -23,9 +23,12 @@ __all__ = [
 ]
 
 LANES_MAX = 64
-MAX_LENGTH_MAX = 256
+#: Most items of ``lanes`` lanes in one logical vector. An MFU of ``l`` lanes builds the
+#: unit with ``max_length * n / l`` of them (``hw.mfu.mfu``): 256 native vectors of
+#: ``n = 64`` lanes at the fewest lanes a build takes (``host.spec.mfu.LANES_MIN``, 2).
+MAX_LENGTH_MAX = 256 * LANES_MAX // 2
 #: Results waiting for the broadcast stage. Two keep the output busy every cycle when
-#: logical vectors of one native vector follow each other, while the write side's ready
+#: logical vectors of one item follow each other, while the write side's ready
 #: is a register (``w_rdy`` depends on the FIFO level only), which cuts the ready path
 #: from ``o_stream`` to ``i_stream``.
 RESULT_FIFO_DEPTH = 2
@@ -45,16 +48,18 @@ def input_layout(lanes: int) -> data.StructLayout:
         ``ArrayLayout(unsigned(16), lanes)``: FP16 bit patterns, lane ``i`` at bits
         ``[16i, 16i + 16)``.
     ``op``
-        :class:`ReduceOp` (1 bit), the same on every vector of a logical vector.
+        :class:`ReduceOp` (1 bit), the same on every item of a logical vector.
     ``last``
-        1 on the last native vector of the logical vector.
+        1 on the last item of the logical vector.
     ``keep``
-        ``unsigned(lanes)``, on every vector: lane ``i`` takes part if bit ``i`` is set
-        and is replaced by the operation's identity otherwise. A logical vector of ``n``
-        elements sends all ones, then ``lane_mask(lanes, lanes_last)`` on its ``last``
-        vector. A mask per lane rather than a count: the sender can register each
-        lane's bit, so no net fans out from one flip-flop to every lane
-        (``docs/reductions.md``).
+        ``unsigned(lanes)``, on every item: lane ``i`` takes part if bit ``i`` is set
+        and is replaced by the operation's identity otherwise. A logical vector of native
+        vectors sends all ones, then ``lane_mask(lanes, lanes_last)`` on its ``last``
+        item. In beats (an MFU of ``l < N`` lanes), each beat of the last native vector
+        carries its ``l`` bits of the N-lane mask, so the beats wholly past
+        ``lanes_last`` carry zeros, and every other beat all ones. A mask per lane rather
+        than a count: the sender can register each lane's bit, so no net fans out from
+        one flip-flop to every lane (``docs/reductions.md``).
     """
     return data.StructLayout({
         "values": data.ArrayLayout(unsigned(FP16_BITS), lanes),
@@ -101,14 +106,23 @@ def _tree_sum(m, name, bits):
 class Fp16Reduce(wiring.Component):
     """IEEE 754 binary16 ``max`` or ``sum`` over a logical vector, broadcast to its length.
 
-    A logical vector of ``n`` elements arrives as ``L = ceil(n / lanes)`` native vectors
-    (``L <= max_length``), the last flagged ``last``, its lanes past the ``n``-th masked
-    off in ``keep``.
-    After it, ``o_stream`` carries ``L`` vectors whose every lane is the result of
+    A logical vector of ``n`` elements arrives as ``L = ceil(n / lanes)`` *items* of
+    ``lanes`` lanes (``L <= max_length``), the last flagged ``last``, its lanes past the
+    ``n``-th masked off in ``keep``.
+    After it, ``o_stream`` carries ``L`` items whose every lane is the result of
     :func:`host.numerics.reduction.reduce_bits`, ``last`` on the final one. The result is the
     model's, bit for bit, for every ``lanes`` and ``max_length``: the unit computes the
     tree of the definition padded to ``lanes * max_length`` leaves, which gives the same
     bits (``docs/reductions.md``).
+
+    An item is a native vector of ``N = lanes`` lanes, or a *beat* of an MFU of ``l < N``
+    lanes, which builds the unit with ``lanes = l`` and ``max_length = M * N / l`` (``M``
+    native vectors) and sends every beat of every native vector in lane order, the last
+    native vector's trailing beats too (all masked off). The beats of a native vector are
+    then the leaves of an aligned subtree, the first ``log2(N / l)`` vector-tree levels
+    are the top of the N-lane tree, and the unit computes the N-lane build's tree node
+    for node: the same bits, the same events and the same :attr:`latency`
+    (``docs/reductions.md`` section 2).
 
     **Datapath.**
 
@@ -116,10 +130,10 @@ class Fp16Reduce(wiring.Component):
       ``SUM``, ``-inf`` for ``MAX``).
     * Lane tree: ``log2(lanes)`` levels of :class:`Fp16Binary` computing ``ADD`` or
       ``MAX`` (``lanes / 2``, ``lanes / 4``, ... 1 lanes; ``lanes - 1`` nodes), level 1
-      combining lanes ``(0, 1), (2, 3), ...``: one native vector in per cycle, its sum
-      or maximum out.
+      combining lanes ``(0, 1), (2, 3), ...``: one item in per cycle, its sum or maximum
+      out.
     * Vector tree, time-shared: ``log2(max_length)`` one-lane levels, one per level of
-      the tree over the per-vector results. A level holds the first (left) operand of a
+      the tree over the per-item results. A level holds the first (left) operand of a
       pair until the second arrives; an item flagged ``last`` with no partner is paired
       with the identity. So level ``j`` computes exactly the level-``j`` nodes of the
       tree padded to ``max_length`` leaves that have a real leaf under them (the others
@@ -138,12 +152,12 @@ class Fp16Reduce(wiring.Component):
     a register too. So the ready logic never spans more than one level, and
     ``i_stream.ready`` depends combinationally on the input register and the first
     level's ready flip-flop only, never on ``o_stream.ready``.
-    ``o_stream.valid`` and its payload depend on state only. One native vector is
+    ``o_stream.valid`` and its payload depend on state only. One item is
     accepted per cycle while nothing downstream is stalled, also while earlier results
-    are being broadcast: input and output overlap, and the output sends one vector per
-    cycle, so a steady stream of logical vectors of one length runs at one native
-    vector per cycle in and out. Without stalls the first output vector is valid
-    :attr:`latency` cycles after the input's ``last`` vector was taken.
+    are being broadcast: input and output overlap, and the output sends one item per
+    cycle, so a steady stream of logical vectors of one length runs at one item per
+    cycle in and out. Without stalls the first output item is valid :attr:`latency`
+    cycles after the input's ``last`` item was taken.
 
     **Events.** ``overflow_events`` and ``nan_events`` count the tree nodes that passed
     an output with the ``overflow`` (respectively ``nan_created``) flag of
@@ -153,16 +167,16 @@ class Fp16Reduce(wiring.Component):
     logical vector are all reported no later than the cycle in which its first output
     vector is valid.
 
-    A logical vector of more than ``max_length`` native vectors is outside the contract:
-    the stream rules still hold and the unit does not stop, but the value and the number
-    of output vectors are unspecified.
+    A logical vector of more than ``max_length`` items is outside the contract: the
+    stream rules still hold and the unit does not stop, but the value and the number of
+    output items are unspecified.
 
     Parameters
     ----------
     lanes : int, a power of two from 1 to 64
-        FP16 lanes per native vector (``N``).
-    max_length : int, a power of two from 1 to 256
-        Most native vectors in one logical vector.
+        FP16 lanes per item (``N``, or an MFU's ``l``).
+    max_length : int, a power of two from 1 to :data:`MAX_LENGTH_MAX` (8192)
+        Most items in one logical vector (``M``, or ``M * N / l``).
 
     Attributes
     ----------
@@ -178,7 +192,7 @@ class Fp16Reduce(wiring.Component):
     latency : int
         ``7 * (lane_levels + vector_levels) + 2`` (6 per level, 1 per buffer, the input
         register, the FIFO and the broadcast register): cycles from taking the ``last``
-        input vector to the first output vector being valid, without stalls.
+        input item to the first output item being valid, without stalls.
 
     Raises
     ------
@@ -204,12 +218,12 @@ class Fp16Reduce(wiring.Component):
 
     @property
     def lanes(self):
-        """FP16 lanes per native vector."""
+        """FP16 lanes per item."""
         return self._lanes
 
     @property
     def max_length(self):
-        """Most native vectors in one logical vector."""
+        """Most items in one logical vector."""
         return self._max_length
 
     @property
@@ -230,7 +244,7 @@ class Fp16Reduce(wiring.Component):
 
     @property
     def latency(self):
-        """Cycles from the ``last`` input vector's transfer to the first output vector,
+        """Cycles from the ``last`` input item's transfer to the first output item,
         without stalls."""
         return (NODE_LATENCY + 1) * (self._lane_levels + self._vector_levels) + 2
 
@@ -332,7 +346,7 @@ class Fp16Reduce(wiring.Component):
 
         # --- vector tree: one time-shared node per level --------------------------------
         if self._vector_levels:
-            # Index of each per-vector result in its logical vector (L - 1 on the last).
+            # Index of each per-item result in its logical vector (L - 1 on the last).
             index = Signal(self._count_bits, name="vector_index")
             counted = Signal(side_layout, name="counted_side")
             m.d.comb += [counted.eq(side), counted.count.eq(index)]

@@ -235,6 +235,10 @@ class NpuCore(wiring.Component):
         if not isinstance(config, NpuConfig):
             self._MustUse__silence = True    # a refused core is no unused elaboratable
             raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        if config.lanes != config.n:
+            self._MustUse__silence = True    # the core's vector paths are n lanes wide
+            raise ValueError(f"lanes={config.lanes} is not built yet: NpuCore needs "
+                             f"lanes = n = {config.n}")
         self._config = c = config
         mvm = c.mvm
         cb = c.counter_bits

@@ -44,14 +44,23 @@ _SOURCES = 1 + UNITS
 
 
 def vector_layout(cfg: MfuConfig) -> data.ArrayLayout:
-    """A native vector: ``n`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``."""
-    return data.ArrayLayout(unsigned(FP16_BITS), cfg.n)
+    """A beat: ``cfg.lanes`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``; with
+    ``lanes == n`` a native vector. Beat ``b`` of a native vector holds its lanes
+    ``b*lanes .. b*lanes + lanes - 1`` (``host.spec.mfu.MfuConfig.lanes``)."""
+    return data.ArrayLayout(unsigned(FP16_BITS), cfg.lanes)
 
 
 def output_layout(cfg: MfuConfig) -> data.StructLayout:
-    """``MfuPipeline.o_stream`` payload: ``values`` (a native vector), then ``last`` (1 on
-    the chain's last vector) at bit ``16 * n``."""
+    """``MfuPipeline.o_stream`` payload: ``values`` (a beat), then ``last`` (1 on the
+    chain's last beat) at bit ``16 * lanes``."""
     return data.StructLayout({"values": vector_layout(cfg), "last": unsigned(1)})
+
+
+def _in_beats(cfg: MfuConfig, vectors):
+    """``vectors`` (a count or an address of native vectors) in beats: ``vectors *
+    beats``; ``vectors`` itself when ``lanes == n``, so that that build is the design
+    it was before lanes existed."""
+    return vectors if cfg.beats == 1 else Cat(Const(0, cfg.beat_bits), vectors)
 
 
 def mfu_vrf_write_layout(cfg: MfuConfig) -> data.StructLayout:
@@ -201,25 +210,36 @@ class Mfu(_Configured):
     combinational path runs from one unit into another (which also keeps the crossbar
     free of combinational loops), and each unit's first stage starts from registers.
 
-    **VRFs.** AddSubVrf and MulVrf are ``lib.memory.Memory`` of ``vrf_depth`` native
-    vectors with one write port (``vrf_w``) and one synchronous read port. On ``start``
-    each reader of a used unit is loaded with its base address and reads ``addr``,
-    ``addr + 1``, ... ``addr + L - 1`` ahead (the first read in the cycle of ``start``)
-    into a :data:`OPERAND_BUFFER`-entry ring of registers; the vector from the crossbar
-    is joined with the ring's head (selected by a read pointer, which is all a pop moves)
-    in front of the unit's input register, so native vector ``j`` meets operand
-    ``addr + j``. The first operand is in the ring two cycles after ``start``, and from
-    then on the ring has the next operand whenever a vector comes (at most one per
-    cycle). So the contract: **a vector may reach an op that reads a VRF no earlier than
-    the second cycle after** ``start``; only a chain whose first op reads a VRF can
-    break it, and :class:`MfuPipeline` holds such a chain's input for a cycle. The read
-    address and enable depend on registers (and, for the first read, on ``start`` and
-    ``config``) only; the memory output goes straight into the ring. The read port is
-    not transparent: a write to an address the running chain still has to read gives
-    that chain the old or the new vector (``docs/mfu.md``).
+    **Beats.** The MFU is ``cfg.lanes`` lanes wide: a native vector passes as
+    ``cfg.beats`` beats in lane order, one per cycle at most, and every unit, crossbar,
+    VRF word and register below is one beat wide (with ``lanes == n``, one beat is a
+    native vector and every count below is in native vectors). REDUCE is
+    ``Fp16Reduce(lanes=cfg.lanes, max_length=cfg.max_length * cfg.beats)``, fed every
+    beat of the chain with ``last`` on the final one and each beat of the last native
+    vector with its slice of the ``lanes_last`` mask, so that it computes the N-lane tree
+    node for node (``docs/reductions.md`` section 2).
+
+    **VRFs.** AddSubVrf and MulVrf are ``lib.memory.Memory`` of ``vrf_depth * beats``
+    beats with one write port (``vrf_w``, a beat address) and one synchronous read port;
+    beat ``b`` of the native vector at address ``a`` is at ``a * beats + b``. On
+    ``start`` each reader of a used unit is loaded with its base address and reads the
+    beats of ``addr``, ``addr + 1``, ... ``addr + L - 1`` in order ahead (the first read
+    in the cycle of ``start``) into a :data:`OPERAND_BUFFER`-entry ring of registers; the
+    beat from the crossbar is joined with the ring's head (selected by a read pointer,
+    which is all a pop moves) in front of the unit's input register, so beat ``b`` of
+    native vector ``j`` meets beat ``b`` of operand ``addr + j``. The first operand is in
+    the ring two cycles after ``start``, and from then on the ring has the next operand
+    whenever a beat comes (at most one per cycle). So the contract: **a vector may reach
+    an op that reads a VRF no earlier than the second cycle after** ``start``; only a
+    chain whose first op reads a VRF can break it, and :class:`MfuPipeline` holds such a
+    chain's input for a cycle. The read address and enable depend on registers (and, for
+    the first read, on ``start`` and ``config``) only; the memory output goes straight
+    into the ring. The read port is not transparent: a write to an address the running
+    chain still has to read gives that chain the old or the new vector
+    (``docs/mfu.md``).
 
     **Counters.** ``overflow`` and ``nan_created`` add up the events of every unit
-    (the per-lane flags of ADDSUB, MUL, ACT on each output transfer, and the REDUCE
+    (the per-lane flags of ADDSUB, MUL, ACT on each output beat, and the REDUCE
     tree's event counts) three cycles (REDUCE: two) after the unit reports them,
     saturating at ``2**counter_bits - 1``; ``clear`` sets both to 0 (events still
     pending are added afterwards). ``pending`` is high while events are on their way.
@@ -240,8 +260,9 @@ class Mfu(_Configured):
         while the MFU holds no vector of a chain.
     config : ``In(host.spec.mfu.mfu_layout(cfg))``
     length : ``In(cfg.length_bits)``, ``lanes_last`` : ``In(cfg.lanes_bits)``
+        In native vectors and lanes of ``n``, as the chain encoding has them.
     vrf_w : ``In(stream.Signature(mfu_vrf_write_layout(cfg)))``
-        One write per transfer; ``ready`` is always 1.
+        One beat written per transfer; ``ready`` is always 1.
     overflow, nan_created : ``Out(cfg.counter_bits)``
     clear : ``In(1)``
     pending : ``Out(1)``
@@ -310,7 +331,8 @@ class Mfu(_Configured):
         act_op = Signal(UnaryOp, name="act_op")
         reduce_op = Signal(ReduceOp, name="reduce_op")
         length = Signal(cfg.length_bits, name="length")
-        # REDUCE's lane mask on the chain's last vector, decoded here once per chain.
+        # REDUCE's lane mask on the chain's last vector (n bits, whatever the beats),
+        # decoded here once per chain.
         last_keep = Signal(cfg.n, name="reduce_last_keep")
         with m.If(self.start):
             for u in built:
@@ -337,10 +359,12 @@ class Mfu(_Configured):
         make = {
             # Each Fp16Binary is built with the ops it can be given: ADDSUB has no
             # multiplier (host.spec.mfu refuses MUL on it), MUL nothing but one.
-            MfuUnit.ADDSUB: lambda: Fp16Binary(lanes=cfg.n, ops=_ADDSUB_OPS),
-            MfuUnit.MUL: lambda: Fp16Binary(lanes=cfg.n, ops=(BinaryOp.MUL,)),
-            MfuUnit.ACT: lambda: Fp16Unary(lanes=cfg.n, ops=cfg.unary_ops),
-            MfuUnit.REDUCE: lambda: Fp16Reduce(lanes=cfg.n, max_length=cfg.max_length),
+            MfuUnit.ADDSUB: lambda: Fp16Binary(lanes=cfg.lanes, ops=_ADDSUB_OPS),
+            MfuUnit.MUL: lambda: Fp16Binary(lanes=cfg.lanes, ops=(BinaryOp.MUL,)),
+            MfuUnit.ACT: lambda: Fp16Unary(lanes=cfg.lanes, ops=cfg.unary_ops),
+            # Its items are beats: max_length native vectors are max_length * beats.
+            MfuUnit.REDUCE: lambda: Fp16Reduce(lanes=cfg.lanes,
+                                               max_length=cfg.max_length * cfg.beats),
         }
         units = {u: make[u]() for u in built}
         for u, unit in units.items():
@@ -402,17 +426,30 @@ class Mfu(_Configured):
             elif u is MfuUnit.ACT:
                 m.d.comb += [payload.x.eq(x_values), payload.op.eq(act_op)]
             else:
-                # The reduction needs `last` on the chain's last vector: count them.
-                count = Signal(cfg.length_bits, name="reduce_in_count")
+                # The reduction needs `last` on the chain's last beat: count them. Beat
+                # `b` of the last vector keeps its slice of the vector's mask (the beat
+                # is the count's low bits); the mux is in front of the input register.
+                count = Signal(cfg.length_bits + cfg.beat_bits, name="reduce_in_count")
                 last = Signal(name="reduce_in_last")
+                ones = (1 << cfg.lanes) - 1
+                if cfg.beats == 1:
+                    m.d.comb += last.eq(count == length - 1)
+                    keep = Mux(last, last_keep, ones)
+                else:
+                    beat = count[:cfg.beat_bits]
+                    last_vector = Signal(name="reduce_in_last_vector")
+                    m.d.comb += [
+                        last_vector.eq(count[cfg.beat_bits:] == length - 1),
+                        last.eq(last_vector & beat.all()),
+                    ]
+                    keep = Mux(last_vector, last_keep.word_select(beat, cfg.lanes), ones)
                 m.d.comb += [
-                    last.eq(count == length - 1),
                     payload.values.eq(x_values),
                     payload.op.eq(reduce_op),
                     payload.last.eq(last),
                     # A bit per lane, so that the input register holds one flip-flop per
                     # lane for Fp16Reduce's mask (hw.arith.fp16_reduce.input_layout).
-                    payload.keep.eq(Mux(last, last_keep, (1 << cfg.n) - 1)),
+                    payload.keep.eq(keep),
                 ]
                 with m.If(x_valid):
                     m.d.sync += count.eq(Mux(last, 0, count + 1))
@@ -441,7 +478,9 @@ class Mfu(_Configured):
         """
         cfg = self._cfg
         vec = vector_layout(cfg)
-        mem = Memory(shape=vec, depth=cfg.vrf_depth, init=[])
+        # One beat per word, the beats of a vector at consecutive addresses (Cat(beat,
+        # addr)): the reader takes one beat a cycle, straight into the ring registers.
+        mem = Memory(shape=vec, depth=cfg.vrf_depth * cfg.beats, init=[])
         m.submodules[f"{name}_vrf"] = mem
         wp = mem.write_port()
         rp = mem.read_port(domain="sync", transparent_for=())
@@ -453,9 +492,9 @@ class Mfu(_Configured):
             wp.en.eq(w.valid & (w.payload.bank == bank)),
         ]
 
-        # Reads left to issue, next address, a read in flight, buffered operands.
-        todo = Signal(cfg.length_bits, name=f"{name}_todo")
-        addr = Signal(cfg.addr_bits, name=f"{name}_rd_addr")
+        # Reads left to issue, next (beat) address, a read in flight, buffered operands.
+        todo = Signal(cfg.length_bits + cfg.beat_bits, name=f"{name}_todo")
+        addr = Signal(cfg.addr_bits + cfg.beat_bits, name=f"{name}_rd_addr")
         in_flight = Signal(name=f"{name}_in_flight")
         count = Signal(range(OPERAND_BUFFER + 1), name=f"{name}_buffered")
         entries = [Signal(vec, name=f"{name}_operand{k}", reset_less=True)
@@ -467,7 +506,8 @@ class Mfu(_Configured):
         # the whole read-data register, is `start` and registers only (the decode in
         # front of it was the critical path once the ready nets were gone).
         first = Signal(name=f"{name}_first")
-        base = (self.config.addsub_addr if bank is VrfBank.ADDSUB else self.config.mul_addr)
+        base = _in_beats(cfg, self.config.addsub_addr if bank is VrfBank.ADDSUB
+                         else self.config.mul_addr)
         # `issue` (a read of addr + 1, addr + 2, ...) is a register holding what
         # (todo != 0) & (count + in_flight < OPERAND_BUFFER) will be, computed from the
         # next values of those registers: it enables the counters here and the read-data
@@ -482,7 +522,7 @@ class Mfu(_Configured):
         issue_next = Signal(name=f"{name}_issue_next")
         m.d.comb += [
             first.eq(self.start & use_now),
-            todo_next.eq(Mux(self.start, Mux(use_now, self.length - 1, 0),
+            todo_next.eq(Mux(self.start, Mux(use_now, _in_beats(cfg, self.length) - 1, 0),
                              Mux(issue, todo - 1, todo))),
             in_flight_next.eq(issue | first),
             count_next.eq(count - pop + push),
@@ -537,14 +577,14 @@ class Mfu(_Configured):
                 # The flags come from every lane's output register, across the unit's
                 # spread: registered first, so that the route and the popcount are not
                 # in one cycle (together they were the critical path, 10.0 ns).
-                flags = Signal(cfg.n, name=f"{u.name.lower()}_{kind}_flags")
+                flags = Signal(cfg.lanes, name=f"{u.name.lower()}_{kind}_flags")
                 m.d.sync += flags.eq(Mux(taken, getattr(o.payload, kind).as_value(), 0))
-                count = Signal(range(cfg.n + 1), name=f"{u.name.lower()}_{kind}_events")
-                m.d.sync += count.eq(_popcount(flags[i] for i in range(cfg.n)))
+                count = Signal(range(cfg.lanes + 1), name=f"{u.name.lower()}_{kind}_events")
+                m.d.sync += count.eq(_popcount(flags[i] for i in range(cfg.lanes)))
                 stages[kind].append(count)
                 pending += [flags.any(), count != 0]
         red = units.get(MfuUnit.REDUCE)
-        events = len(lane_units) * cfg.n + 1          # bound of one cycle's events
+        events = len(lane_units) * cfg.lanes + 1      # bound of one cycle's events
         if red is not None:
             stages["overflow"].append(red.overflow_events)
             stages["nan_created"].append(red.nan_events)
@@ -579,7 +619,10 @@ class MfuPipeline(_Configured):
     A chain is configured through ``chain`` (a :func:`host.spec.mfu.chain_layout` word,
     :func:`host.spec.mfu.encode_chain`), then exactly ``L = length`` native vectors enter
     through ``i_stream`` and ``L`` results leave through ``o_stream``, ``last`` on the
-    final one. Results are those of :func:`host.model.mfu.run_chain`, bit for bit; the counters
+    final one. Both streams carry beats of ``cfg.lanes`` lanes (:class:`Mfu`): a native
+    vector is ``cfg.beats`` transfers in lane order (``x.reshape(-1, lanes)``), and
+    ``last`` is on the final beat. Results are those of
+    :func:`host.model.mfu.run_chain`, bit for bit, for every ``lanes``; the counters
     those of :class:`host.model.mfu.MfuCounters`.
 
     **Drain.** ``chain`` is taken only when the previous chain has fully left ``o_stream``
@@ -590,18 +633,19 @@ class MfuPipeline(_Configured):
     and in the cycle after acceptance when the chain's first op reads a VRF (the
     :class:`Mfu` contract).
 
-    ``vrf_w`` writes one native vector into the AddSubVrf (``bank`` 0) or MulVrf (1) of
-    MFU ``mfu``; it is always ready. MFU ``m`` builds the units ``cfg.units(m)`` only
-    (:class:`Mfu`); a write to a VRF that its unit set leaves out is dropped. The VRF
-    readers of a chain start reading at ``chain`` acceptance: write a chain's operands
-    before its configuration.
+    ``vrf_w`` writes one beat into the AddSubVrf (``bank`` 0) or MulVrf (1) of MFU
+    ``mfu``, at a beat address (:func:`host.spec.mfu.vrf_write_layout`: one native
+    vector is ``cfg.beats`` writes); it is always ready. MFU ``m`` builds the units
+    ``cfg.units(m)`` only (:class:`Mfu`); a write to a VRF that its unit set leaves out is
+    dropped. The VRF readers of a chain start reading at ``chain`` acceptance: write a
+    chain's operands before its configuration.
 
     **Output queue.** The MFUs have no back-pressure, so the last MFU's output goes into
-    a queue of ``max_length`` native vectors (a memory ring) in front of a two-register
-    buffer: a chain never has more than ``L <= max_length`` vectors in the pipeline, so
-    whatever ``o_stream``'s stalls, nothing is lost. While the buffer can take a vector
-    and the ring is empty, a vector goes straight into the buffer, in one cycle, as
-    without the ring. ``o_stream.valid`` and its payload are registers and
+    a queue of ``max_length * beats`` beats (a memory ring) in front of a two-register
+    buffer: a chain never has more than ``L * beats <= max_length * beats`` beats in the
+    pipeline, so whatever ``o_stream``'s stalls, nothing is lost. While the buffer can
+    take a beat and the ring is empty, a beat goes straight into the buffer, in one
+    cycle, as without the ring. ``o_stream.valid`` and its payload are registers and
     ``o_stream.ready`` reaches no MFU.
 
     Parameters
@@ -651,9 +695,10 @@ class MfuPipeline(_Configured):
 
         # --- chain acceptance ------------------------------------------------------------
         active = Signal()
-        length = Signal(cfg.length_bits)
-        in_count = Signal(cfg.length_bits)
-        out_count = Signal(cfg.length_bits)
+        # The chain's length and both counts in beats (native vectors when lanes == n).
+        length = Signal(cfg.length_bits + cfg.beat_bits)
+        in_count = Signal(cfg.length_bits + cfg.beat_bits)
+        out_count = Signal(cfg.length_bits + cfg.beat_bits)
         start = Signal()
         chain = self.chain.payload
         m.d.comb += [self.chain.ready.eq(~active), start.eq(self.chain.valid & ~active)]
@@ -668,10 +713,10 @@ class MfuPipeline(_Configured):
                 self.nan_created[k].eq(mfu.nan_created),
             ]
         with m.If(start):
-            m.d.sync += [active.eq(1), length.eq(chain.length), in_count.eq(0),
-                         out_count.eq(0)]
+            m.d.sync += [active.eq(1), length.eq(_in_beats(cfg, chain.length)),
+                         in_count.eq(0), out_count.eq(0)]
 
-        # --- input: exactly `length` vectors per chain ------------------------------------
+        # --- input: exactly `length` beats per chain --------------------------------------
         # The MFUs take a vector whenever one comes. The chain's first op that reads a
         # VRF has its first operand from the second cycle after acceptance on: if that is
         # the chain's first op (in the first MFU that has ops), the input opens a cycle
@@ -697,12 +742,13 @@ class MfuPipeline(_Configured):
             wiring.connect(m, prev.o_stream, nxt.i_stream)
 
         # --- output queue, `last`, end of chain --------------------------------------------
-        # A chain has at most max_length vectors in the pipeline (the next is taken only
-        # when the last has left), so a queue of that many holds whatever the MFUs emit
-        # while o_stream is stalled.
+        # A chain has at most max_length * beats beats in the pipeline (the next is taken
+        # only when the last has left), so a queue of that many holds whatever the MFUs
+        # emit while o_stream is stalled.
         last_mfu = mfus[-1].o_stream
-        o_valid, o_values = _queue(m, "out_queue", vector_layout(cfg).size, cfg.max_length,
-                                   last_mfu.valid, last_mfu.payload, self.o_stream.ready)
+        o_valid, o_values = _queue(m, "out_queue", vector_layout(cfg).size,
+                                   cfg.max_length * cfg.beats, last_mfu.valid,
+                                   last_mfu.payload, self.o_stream.ready)
         final = out_count == length - 1
         m.d.comb += [
             self.o_stream.valid.eq(o_valid),

@@ -29,11 +29,11 @@ from hw.arith.fp16_reduce import Fp16Reduce, input_layout, lane_mask, output_lay
      "lanes must be a power of two from 1 to 64, not 12"),
     (dict(lanes=4.0, max_length=8), TypeError, "lanes must be an integer, not 4.0"),
     (dict(lanes=True, max_length=8), TypeError, "lanes must be an integer, not True"),
-    (dict(lanes=4, max_length=0), ValueError, "max_length must be from 1 to 256, not 0"),
-    (dict(lanes=4, max_length=512), ValueError,
-     "max_length must be from 1 to 256, not 512"),
+    (dict(lanes=4, max_length=0), ValueError, "max_length must be from 1 to 8192, not 0"),
+    (dict(lanes=4, max_length=16384), ValueError,
+     "max_length must be from 1 to 8192, not 16384"),
     (dict(lanes=4, max_length=6), ValueError,
-     "max_length must be a power of two from 1 to 256, not 6"),
+     "max_length must be a power of two from 1 to 8192, not 6"),
     (dict(lanes=4, max_length="8"), TypeError, "max_length must be an integer, not '8'"),
     (dict(lanes=4, max_length=None), TypeError, "max_length must be an integer, not None"),
 ])
@@ -57,6 +57,9 @@ def test_keyword_only():
     (1, 4, (0, 2), 2, 16),
     (2, 1, (1, 0), 1, 9),
     (64, 256, (6, 8), 7, 100),      # 63 + 8 = 71
+    # An MFU of l lanes builds max_length * N / l items: the latency of N lanes.
+    (2, 256 * 32, (1, 13), 4, 100),  # N = 64, M = 256 at l = 2: 1 + 13 = 14
+    (4, 8 * 4, (2, 5), 4, 51),      # N = 16, M = 8 at l = 4: 3 + 5 = 8
 ])
 def test_derived_figures(lanes, max_length, levels, event_bits, latency):
     dut = Fp16Reduce(lanes=lanes, max_length=max_length)
@@ -81,7 +84,8 @@ def test_layouts():
     assert dut.o_stream.payload.shape() == output_layout(4)
 
 
-@pytest.mark.parametrize("lanes, max_length", [(64, 256), (1, 1), (2, 1), (1, 256)])
+@pytest.mark.parametrize("lanes, max_length", [(64, 256), (1, 1), (2, 1), (1, 256),
+                                               (2, 8192)])
 def test_elaborates(lanes, max_length):
     Fragment.get(Fp16Reduce(lanes=lanes, max_length=max_length), None)
 
@@ -179,6 +183,56 @@ def test_corner_builds_against_the_model(lanes, max_length):
     assert got_events == events.tolist()
     if lanes * max_length > 1:                     # else every node has an identity
         assert events.min() > 0, "no event of some kind: the event check proves little"
+
+
+@pytest.mark.parametrize("n, lanes, max_length", [(8, 4, 4), (8, 2, 2), (16, 4, 2),
+                                                  (4, 1, 2)])
+def test_beats_give_the_n_lane_results(n, lanes, max_length):
+    """An MFU of ``lanes`` lanes (l < N): ``Fp16Reduce(lanes=l, max_length=M * N / l)``
+    fed each native vector of N lanes as N / l beats in lane order, the last one's
+    trailing beats too, with its slice of the N-lane ``keep``; its outputs, joined back
+    into native vectors, and its events are :func:`reduce_vectors_bits` of the N-lane
+    vectors (docs/reductions.md section 2), with random gaps and back-pressure."""
+    beats = n // lanes
+    dut = Fp16Reduce(lanes=lanes, max_length=max_length * beats)
+    rng = np.random.default_rng(n * 100 + lanes * 10 + max_length)
+    items, expected, events = [], [], np.zeros(2, int)
+    ties = 0
+    for k in range(40):
+        count = 1 if k < 2 else int(rng.integers(1, max_length + 1))
+        vectors = _random_vectors(rng, count, n)
+        lanes_last = int(rng.integers(1, n + 1))
+        op = ReduceOp(k % 2)
+        if k < 2:                                   # a lone (non-canonical) NaN
+            vectors[0, 0], lanes_last = 0x7E01 + k, 1
+        elif k < 8:                                 # inf - inf; 65504 + 65504
+            vectors.reshape(-1)[:2] = (0x7C00, 0xFC00) if k < 5 else (0x7BFF, 0x7BFF)
+            lanes_last = max(lanes_last, 2) if count == 1 else lanes_last
+        elif k < 12:
+            # 2048 + 1 + 1 + 1 in the tree's order is 2050, in another 2048: the beat
+            # order must pair as the N-lane tree does.
+            op, ties = ReduceOp.SUM, ties + 1
+            vectors[:] = 0x8000
+            vectors[0, :4] = (0x6800, 0x3C00, 0x3C00, 0x3C00)
+        out, over, nan = reduce_vectors_bits(op, vectors, lanes_last)
+        keep = lane_mask(n, lanes_last)
+        for j, row in enumerate(vectors):
+            for b in range(beats):
+                final = j == count - 1
+                items.append({
+                    "values": [int(x) for x in row[b * lanes:(b + 1) * lanes]], "op": op,
+                    "last": int(final and b == beats - 1),
+                    "keep": (keep >> b * lanes) & ((1 << lanes) - 1) if final
+                    else (1 << lanes) - 1})
+        expected += [(row[b * lanes:(b + 1) * lanes].tolist(),
+                      int(r == count - 1 and b == beats - 1))
+                     for r, row in enumerate(out) for b in range(beats)]
+        events += (over, nan)
+    got, got_events = _simulate(dut, items, len(expected), seed=n + lanes + max_length)
+    bad = [(k, g, e) for k, (g, e) in enumerate(zip(got, expected)) if g != e]
+    assert not bad, bad[:4]
+    assert got_events == events.tolist()
+    assert events.min() > 0 and ties == 4
 
 
 def test_too_long_a_logical_vector_does_not_stop_the_unit():

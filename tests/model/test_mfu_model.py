@@ -238,6 +238,10 @@ def test_decode_errors():
 def test_vrf_write_layout():
     fields = {name: (f.offset, f.width) for name, f in vrf_write_layout(CFG)}
     assert fields == {"mfu": (0, 1), "bank": (1, 1), "addr": (2, 4), "values": (6, 64)}
+    # In beats (lanes < n): a beat address (vector address * beats + beat), l lanes.
+    beats = MfuConfig(n=16, lanes=4, mfus=3, vrf_depth=12, max_length=8)
+    fields = {name: (f.offset, f.width) for name, f in vrf_write_layout(beats)}
+    assert fields == {"mfu": (0, 2), "bank": (2, 1), "addr": (3, 4 + 2), "values": (9, 64)}
 
 
 # --- chains ------------------------------------------------------------------------------------

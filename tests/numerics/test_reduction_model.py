@@ -195,6 +195,51 @@ def test_lane_tree_then_vector_tree_equals_the_definition(op, bits, log_lanes, e
     assert two_level(op, bits, lanes, max_length) == expected
 
 
+def beat_form(op: str, bits, n: int, lanes: int, max_length: int):
+    """An MFU of ``lanes`` lanes (``l``, dividing ``n``): each native vector of ``n``
+    lanes passes as ``B = n / l`` beats, the last one's trailing beats too (padded with
+    the identity); a lane tree over each beat, then one tree over the ``L * B`` beat
+    results padded to ``max_length * B`` (``Fp16Reduce(lanes=l, max_length=M * B)``)."""
+    identity = NINF if op == "max" else NZERO
+    bits = [int(b) for b in bits]
+    count = -(-len(bits) // n)
+    bits += [identity] * (count * n - len(bits))
+    per_beat, overflow, created = [], 0, 0
+    for k in range(count * n // lanes):
+        r, o, c = ref_tree(op, bits[k * lanes:(k + 1) * lanes])
+        per_beat.append(r)
+        overflow, created = overflow + o, created + c
+    beats = n // lanes
+    r, o, c = ref_tree(op, per_beat + [identity] * ((max_length - count) * beats))
+    return r, overflow + o, created + c
+
+
+@settings(max_examples=400, deadline=None)
+@given(op=st.sampled_from(["max", "sum"]), bits=st.one_of(bit_lists, finite_lists),
+       log_n=st.integers(2, 6), data=st.data())
+def test_beats_give_the_n_lane_bits_and_events(op, bits, log_n, data):
+    """For every N from 4 to 64, every l dividing it and every max_length M >= L, the
+    reduction in beats (docs/reductions.md section 2) gives the bits and events of the
+    model, which are those of the N-lane device's two-level order."""
+    n = 1 << log_n
+    lanes = 1 << data.draw(st.integers(0, log_n), label="log_lanes")
+    count = -(-len(bits) // n)
+    max_length = (1 << (count - 1).bit_length()) << data.draw(st.integers(0, 2),
+                                                              label="extra")
+    expected = tuple(reduce_bits(op, np.array(bits, np.uint16)))
+    assert beat_form(op, bits, n, lanes, max_length) == expected
+    assert two_level(op, bits, n, max_length) == expected
+
+
+def test_beats_keep_the_tie_that_a_running_sum_would_lose():
+    """[2048, 1, 1, 1] in beats of one or two lanes: (2048 + 1) + (1 + 1) = 2050, as the
+    N-lane tree gives; a beat order that paired anything else would give 2048."""
+    x = fp16(2048, 1, 1, 1)
+    for lanes in (1, 2, 4):
+        assert beat_form("sum", x, 4, lanes, 1)[0] == int(fp16(2050)[0])
+        assert beat_form("sum", x, 4, lanes, 4) == (int(fp16(2050)[0]), 0, 0)
+
+
 def test_identity_combinations_create_no_events():
     """x combined with the identity (either side) is x, canonical, and never an event."""
     every = np.arange(1 << 16, dtype=np.uint16)
