@@ -16,7 +16,8 @@ def program_image(program, *, per_job_vectors: bool = True) -> NetworkImage:
     """The image of a ``host.compiler.programs.Program``.
 
     Its matrices become MRF words, quantized by the reference model's weight quantizer
-    (the one the on-chip quantizer equals), covering just the tile slots they occupy. Its
+    (the one the on-chip quantizer equals), or with their calibrated block exponents
+    (``program.matrix_exponents``), covering just the tile slots they occupy. Its
     vectors (biases, initial state) go to ``job_memories`` with ``per_job_vectors`` (every
     job starts from the same state), else to ``memories``. ``outputs`` is the program's;
     ``inputs`` is the number of input vectors the program was built with, which every
@@ -27,6 +28,11 @@ def program_image(program, *, per_job_vectors: bool = True) -> NetworkImage:
     scratch = NpuModel(cfg)
     memories = []
     for slot, matrix in program.matrices:
+        if slot in program.matrix_exponents:          # calibrated: the words as placed
+            from host.compiler.programs import Builder
+            memories.append((Space.MRF, *Builder(cfg).mrf_words(
+                slot, matrix, program.matrix_exponents[slot])))
+            continue
         rows, cols = scratch.write_weights(slot, matrix)
         per_slot = cfg.tiles * cfg.n
         start, count = slot * per_slot, cfg.mvm.slots_needed(rows, cols) * per_slot

@@ -40,6 +40,7 @@ from host.compiler.programs import (
     gru_layer,
     lstm_layer,
 )
+from host.spec.formats import MAX_EXPONENT_CODE
 from host.spec.isa import Space, vector_spaces
 from host.spec.mfu import format_unit_sets
 
@@ -70,7 +71,7 @@ class _RnnMemory:
         self.first_slot = slot_next
         self.ivrf_refs = []
 
-    def matrix(self, w, name):
+    def matrix(self, w, name, exponents=None):
         n = self.config.n
         rows, cols = w.shape
         need = self.config.mvm.slots_needed(-(-rows // n), -(-cols // n))
@@ -80,7 +81,7 @@ class _RnnMemory:
                 f"({self.slot_next - self.first_slot + need} so far for this layer's "
                 f"matrices, {need} for its {rows} x {cols} {name}; {self.first_slot} for "
                 f"the layers before it), the build has mrf_depth {self.config.mrf_depth}")
-        slot = self.bld.matrix(w, f"{self.node.where()} {name}")
+        slot = self.bld.matrix(w, f"{self.node.where()} {name}", exponents)
         assert slot == self.slot_next
         self.slot_next += need
         return slot
@@ -187,13 +188,52 @@ def _groups(layer, config, fuse: bool) -> tuple[tuple, str]:
     return fused, ""
 
 
-def _make(layer, bld, mem, groups, source):
+#: A recurrent node's ``attrs["quant"]`` fields (``host.quant``) and the layer
+#: builder's ``quant`` keys they become: static input exponents (E8M0 codes) of the
+#: products on x and on h, block exponents of W and R (IR row order, gate by gate).
+QUANT_FIELDS = {"input_exponent": "x", "state_exponent": "h", "weight_exponents": "W",
+                "recurrence_exponents": "U"}
+
+
+def _quant(layer, config) -> dict | None:
+    """The layer builder's ``quant`` from the node's calibrated settings, or None;
+    a CompileError naming the layer for a malformed one."""
+    node, hidden = layer["node"], layer["rows"]
+    settings = node.attrs.get("quant")
+    if not settings:
+        return None
+    gates = "fioc" if node.op == "LSTM" else "zrn"
+    out = {}
+    for field, key in QUANT_FIELDS.items():
+        value = settings.get(field)
+        if value is None:
+            continue
+        if key in ("x", "h"):
+            if not (isinstance(value, (int, np.integer)) and 0 <= value <= MAX_EXPONENT_CODE):
+                raise _error(f"{node.where()}: its {field} is {value!r}, not an E8M0 code "
+                             f"0..{MAX_EXPONENT_CODE} or None")
+            out[key] = int(value)
+            continue
+        cols = layer["cols"] if key == "W" else hidden
+        e = np.asarray(value)
+        want = (len(gates) * hidden, -(-cols // config.n))
+        if e.shape != want or e.dtype.kind not in "iu":
+            raise _error(f"{node.where()}: its calibrated {field} are {e.dtype} {e.shape}, "
+                         f"the layer needs integers of shape {want} (one per gate row and "
+                         f"native vector of columns)")
+        out[key] = {g: e[k * hidden:(k + 1) * hidden] for k, g in enumerate(gates)}
+    return out
+
+
+def _make(layer, bld, mem, groups, source, config):
     wts, h0, c0 = _weights(layer)
+    quant = _quant(layer, config)
     if layer["node"].op == "LSTM":
         return lstm_layer(bld, mem, wts, layer["cols"], layer["rows"], h0, c0,
-                          groups=groups, source=source)
+                          groups=groups, source=source, quant=quant)
     return gru_layer(bld, mem, wts, layer["cols"], layer["rows"], h0,
-                     linear_before_reset=_lbr(layer["node"]), groups=groups, source=source)
+                     linear_before_reset=_lbr(layer["node"]), groups=groups, source=source,
+                     quant=quant)
 
 
 @contextlib.contextmanager
@@ -238,7 +278,7 @@ def _trial(layers, config, groups, steps: int, every: bool) -> tuple[int, int]:
     bld = Builder(big)
     made, source = [], "netq"
     for layer, g in zip(layers, groups):
-        made.append(_make(layer, bld, bld, g, source))
+        made.append(_make(layer, bld, bld, g, source, config))
         source = made[-1].refs["h"]
     _emit_steps(bld, made, steps, ["netq"] if every else [], [] if every else ["netq"])
     prog = bld.finish()
@@ -355,7 +395,7 @@ def emit_recurrent(st, bld, config, ivrf, vrf, account, infos, slot_next, job_ve
         mem = _RnnMemory(layer["node"], bld, config, ivrf, vrf, account, slot_next,
                          job_vectors)
         try:
-            made.append(_make(layer, bld, mem, g, src))
+            made.append(_make(layer, bld, mem, g, src, config))
         except ValueError as exc:          # the layer builders' own refusals (e.g. groups)
             raise _error(f"{layer['node'].where()}: {exc}") from None
         slot_next = mem.slot_next

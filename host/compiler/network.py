@@ -63,6 +63,8 @@ def config_text(config: NpuConfig) -> str:
             if value is None:
                 continue                # every unit in every MFU, the default
             value = format_unit_sets(value, config.mfus)
+        elif f.name == "lanes" and value == config.n:
+            continue                    # as wide as n, the default
         items.append(f"{f.name}={value}")
     return ",".join(items)
 
@@ -376,6 +378,17 @@ def _report(low, cfg: NpuConfig, image: NetworkImage, source: str, graph=None) -
                 "input_exponent": None if code is None else int(code) - E8M0_BIAS,
                 "weights": "dynamic" if quant.get("weight_exponents") is None else "raw",
                 "offset": quant.get("offset")}
+        elif node.op in ("LSTM", "GRU") and quant:
+            # Both input quantizers (products on x and on h) and both matrices.
+            lay["quant"] = {
+                name: None if quant.get(field) is None
+                else int(quant[field]) - E8M0_BIAS
+                for name, field in (("input_exponent", "input_exponent"),
+                                    ("state_exponent", "state_exponent"))}
+            lay["quant"].update({
+                name: "dynamic" if quant.get(field) is None else "raw"
+                for name, field in (("weights", "weight_exponents"),
+                                    ("recurrence_weights", "recurrence_exponents"))})
     vrf = {}
     for info in low.layers:
         for space, count in info.vrf.items():

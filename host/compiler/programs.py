@@ -158,6 +158,10 @@ class Program:
     vectors : list of ``(Space, addr, uint16 (k, n))`` to write before running
     matrices : list of ``(tile slot, uint16 (rows, cols))`` FP16 matrices for
         ``NpuModel.write_weights``
+    matrix_exponents : dict ``{tile slot: int (rows, column tiles)}``
+        Block exponents of the matrices placed with calibrated exponents
+        (:meth:`Builder.matrix`): their MRF words are those of :meth:`Builder.mrf_words`,
+        not those of the device's quantizer
     inputs : uint16 ``(k, n)`` vectors to push to the input queue
     outputs : native vectors the program pushes to the output queue
     refs : named places of interest (``Ref``) for reading results back
@@ -166,6 +170,7 @@ class Program:
     instructions: list
     vectors: list = field(default_factory=list)
     matrices: list = field(default_factory=list)
+    matrix_exponents: dict = field(default_factory=dict)
     inputs: np.ndarray = None
     outputs: int = 0
     refs: dict = field(default_factory=dict)
@@ -183,7 +188,12 @@ class Program:
         for space, addr, data in self.vectors:
             model.write(space, addr, data)
         for slot, matrix in self.matrices:
-            model.write_weights(slot, matrix, rounding)
+            if slot in self.matrix_exponents:
+                addr, words = Builder(self.config).mrf_words(slot, matrix,
+                                                             self.matrix_exponents[slot])
+                model.write(Space.MRF, addr, words)
+            else:
+                model.write_weights(slot, matrix, rounding)
         model.load_program(self.words)
         if self.inputs is not None and len(self.inputs):
             model.push_input(self.inputs)
@@ -251,17 +261,21 @@ class Builder:
         self.program.vectors.append((space, ref.addr, vectors))
         return ref
 
-    def matrix(self, w, name: str = "w") -> int:
+    def matrix(self, w, name: str = "w", exponents=None) -> int:
         """Place an FP16 matrix ``(rows, cols)`` in the MRF; returns its base tile slot.
 
         ``w`` is float16/32/64 values (rounded to nearest even) or uint16 FP16 bits.
+        ``exponents``: None (the device's quantizer makes the MRF words, max-based) or
+        calibrated block exponents as :meth:`mrf_words` takes them, recorded in the
+        program's ``matrix_exponents``.
 
         Raises
         ------
         TypeError
             ``w`` has another dtype (the message names ``name``).
         ValueError
-            ``w`` is not a non-empty 2-D array; the MRF is full.
+            ``w`` is not a non-empty 2-D array; the MRF is full; ``exponents`` as
+            :meth:`mrf_words` refuses them.
         """
         bits = _matrix(w, name)
         rows, cols = bits.shape
@@ -270,6 +284,9 @@ class Builder:
             raise ValueError(f"the MRF is full: {self._slot} + {need} > "
                              f"{self.config.mrf_depth}")
         slot = self._slot
+        if exponents is not None:
+            self.mrf_words(slot, bits, exponents, name)            # checks them
+            self.program.matrix_exponents[slot] = np.array(exponents, np.int32)
         self._slot += need
         self.program.matrices.append((slot, bits))
         return slot
@@ -838,6 +855,32 @@ def _stacked(mats, h_len: int, n: int, name: str) -> np.ndarray:
     return out
 
 
+def _stacked_exponents(exps, h_len: int, n: int) -> np.ndarray:
+    """Block exponents ``(H, column tiles)`` of each gate stacked as :func:`_stacked`
+    stacks their matrices (the padding rows are zero blocks, exponent
+    ``ZERO_BLOCK_EXP``); one array is returned as it is."""
+    exps = [np.asarray(e, np.int32) for e in exps]
+    if len(exps) == 1:
+        return exps[0]
+    rows = -(-h_len // n) * n
+    out = np.full((len(exps) * rows, exps[0].shape[1]), ZERO_BLOCK_EXP, np.int32)
+    for k, e in enumerate(exps):
+        out[k * rows:k * rows + h_len] = e
+    return out
+
+
+def _check_rnn_quant(quant) -> dict:
+    """A recurrent layer's ``quant`` (:func:`lstm_layer`) as a dict, its codes checked."""
+    if quant is None:
+        return {}
+    if not isinstance(quant, dict) or set(quant) - {"x", "h", "W", "U"}:
+        raise ValueError(f"quant must be a dict of 'x', 'h', 'W', 'U', not {quant!r}")
+    for key in ("x", "h"):
+        if quant.get(key) is not None:
+            check_int(f"quant[{key!r}]", quant[key], 0, MAX_EXPONENT_CODE)
+    return quant
+
+
 class RecurrentLayer:
     """One LSTM or GRU layer placed in memory (:func:`lstm_layer`, :func:`gru_layer`);
     :meth:`step` emits one time step's chains in their naive order (the copy of ``x``
@@ -855,10 +898,25 @@ class RecurrentLayer:
         Where each step's input comes from.
     """
 
-    def __init__(self, bld: Builder, source):
+    def __init__(self, bld: Builder, source, quant=None):
         self.bld = bld
         self.source = source
         self.refs = {}
+        self.quant = _check_rnn_quant(quant)
+        #: Static input exponents (E8M0 codes, or None: dynamic) of the products on x
+        #: and on h.
+        self.x_exp, self.h_exp = self.quant.get("x"), self.quant.get("h")
+
+    def _matrix(self, mem, kind: str, g: str, wts: dict) -> int:
+        """Place the stacked matrix of ``kind`` (``"W"`` or ``"U"``) for gate group
+        ``g``, with its gates' calibrated block exponents when ``quant`` has them."""
+        name = f"weights['{kind}_{g}']"
+        w = _stacked([wts[f"{kind}_{k}"] for k in g], self.h_len, self.bld.n, name)
+        exps = self.quant.get(kind)
+        if exps is None:
+            return mem.matrix(w, name)
+        return mem.matrix(w, name, _stacked_exponents([exps[k] for k in g], self.h_len,
+                                                      self.bld.n))
 
     def _region(self, mem, space, gates: str, cache: dict, key) -> dict:
         """Per gate of ``gates``, its Ref in one region of ``space`` holding them all."""
@@ -884,9 +942,7 @@ class RecurrentLayer:
         maps each gate to the VRF its ``W x + b`` is read from; the copy buffers of ``x``
         when several products read an input from the queue."""
         xg = self.groups[0]
-        self.w_slot = {g: mem.matrix(_stacked([wts[f"W_{k}"] for k in g], self.h_len,
-                                              self.bld.n, f"weights['W_{g}']"),
-                                     f"weights['W_{g}']") for g in xg}
+        self.w_slot = {g: self._matrix(mem, "W", g, wts) for g in xg}
         self.w_bias = {g: mem.place(Space.ASVRF0,
                                     _stacked([wts[f"b_{k}"] for k in g], self.h_len,
                                              self.bld.n, f"weights['b_{g}']"), f"b_{g}")
@@ -913,7 +969,8 @@ class RecurrentLayer:
         read = self.x[p] if self.x is not None else self.source
         for g in self.groups[0]:
             bld.chain(read, rows=self._rows(g), mv_mul=self.w_slot[g], cols=self.x_len,
-                      ops=[("vv", "add", self.w_bias[g])], writes=self.xw_writes[p][g])
+                      ops=[("vv", "add", self.w_bias[g])], writes=self.xw_writes[p][g],
+                      static_exponent=self.x_exp)
 
     def _xw(self, t: int, gates: str) -> Ref:
         """The slice of this step's ``W x + b`` an h group adds (in its first gate's VRF)."""
@@ -925,17 +982,15 @@ class RecurrentLayer:
 
 
 class _Lstm(RecurrentLayer):
-    def __init__(self, bld, mem, wts, x_len, h_len, h0, c0, groups, source):
-        super().__init__(bld, source)
+    def __init__(self, bld, mem, wts, x_len, h_len, h0, c0, groups, source, quant):
+        super().__init__(bld, source, quant)
         self.x_len, self.h_len = x_len, h_len
         self.groups = _check_groups(groups, "fioc", "c", "LSTM")
         nt = bld.tiles
         ht = nt(h_len)
         state = getattr(mem, "state", mem.place)
         self._x_setup(mem, wts, dict.fromkeys("fioc", Space.ASVRF0))
-        self.u_slot = {g: mem.matrix(_stacked([wts[f"U_{k}"] for k in g], h_len, bld.n,
-                                              f"weights['U_{g}']"), f"weights['U_{g}']")
-                       for g in self.groups[1]}
+        self.u_slot = {g: self._matrix(mem, "U", g, wts) for g in self.groups[1]}
         self.h = state(Space.IVRF, h0, "h0")
         self.c = state(Space.MULVRF0, c0, "c0")
         # f's chain multiplies by c; in a stack with others, they are multiplied by ones
@@ -982,15 +1037,15 @@ class _Lstm(RecurrentLayer):
                     ops.append(("vv", "mul", self.c_operand))
                 out = self.writes[g]
             bld.chain(self.h, rows=self._rows(g), mv_mul=self.u_slot[g], cols=self.h_len,
-                      ops=ops, writes=out)
+                      ops=ops, writes=out, static_exponent=self.h_exp)
         bld.chain(self.c, rows=self.h_len, ops=[("unary", "tanh"),
                                                 ("vv", "mul", self.gate["o"])],
                   writes=[self.h, *writes])
 
 
 class _Gru(RecurrentLayer):
-    def __init__(self, bld, mem, wts, x_len, h_len, h0, lbr, groups, source):
-        super().__init__(bld, source)
+    def __init__(self, bld, mem, wts, x_len, h_len, h0, lbr, groups, source, quant):
+        super().__init__(bld, source, quant)
         self.x_len, self.h_len, self.lbr = x_len, h_len, bool(lbr)
         self.groups = _check_groups(groups, "zrn", "n", "GRU")
         nt = bld.tiles
@@ -999,9 +1054,7 @@ class _Gru(RecurrentLayer):
         xspace = {"z": Space.ASVRF0, "r": Space.ASVRF0,
                   "n": Space.ASVRF1 if self.lbr else Space.ASVRF0}
         self._x_setup(mem, wts, xspace)
-        self.u_slot = {g: mem.matrix(_stacked([wts[f"U_{k}"] for k in g], h_len, bld.n,
-                                              f"weights['U_{g}']"), f"weights['U_{g}']")
-                       for g in self.groups[1]}
+        self.u_slot = {g: self._matrix(mem, "U", g, wts) for g in self.groups[1]}
         self.b_hn = mem.place(Space.ASVRF0, wts["b_hn"], "b_hn") if self.lbr else None
         self.h = state(Space.IVRF, h0, "h0")
         self.h_op = state(Space.ASVRF0, h0, "h0")
@@ -1025,25 +1078,25 @@ class _Gru(RecurrentLayer):
             if g != "n":
                 bld.chain(self.h, rows=self._rows(g), mv_mul=self.u_slot[g], cols=self.h_len,
                           ops=[("vv", "add", self._xw(t, g)), ("unary", "sigmoid")],
-                          writes=self.writes[g])
+                          writes=self.writes[g], static_exponent=self.h_exp)
             elif self.lbr:
                 bld.chain(self.h, rows=self.h_len, mv_mul=self.u_slot["n"], cols=self.h_len,
                           ops=[("vv", "add", self.b_hn), ("vv", "mul", self.gate["r"]),
                                ("vv", "add", self._xw(t, "n")), ("unary", "tanh")],
-                          writes=[self.n_iv, self.n_op])
+                          writes=[self.n_iv, self.n_op], static_exponent=self.h_exp)
             else:
                 bld.chain(self.h, rows=self.h_len, ops=[("vv", "mul", self.gate["r"])],
                           writes=[self.rh])
                 bld.chain(self.rh, rows=self.h_len, mv_mul=self.u_slot["n"], cols=self.h_len,
                           ops=[("vv", "add", self._xw(t, "n")), ("unary", "tanh")],
-                          writes=[self.n_iv, self.n_op])
+                          writes=[self.n_iv, self.n_op], static_exponent=self.h_exp)
         bld.chain(self.n_iv, rows=self.h_len,
                   ops=[("vv", "b_sub_a", self.h_op), ("vv", "mul", self.gate["z"]),
                        ("vv", "add", self.n_op)], writes=[self.h, self.h_op, *writes])
 
 
 def lstm_layer(bld: Builder, mem, wts: dict, x_len: int, h_len: int, h0, c0, *,
-               fuse: bool = True, groups=None, source="netq") -> RecurrentLayer:
+               fuse: bool = True, groups=None, source="netq", quant=None) -> RecurrentLayer:
     """Place an LSTM layer (``wts`` as :func:`lstm_sequence`'s ``weights``, FP16 data as
     :func:`host.numerics.mvm.fp16_bits` takes it; ``mem`` as :func:`emit_lstm`'s) and
     return it; its :meth:`~RecurrentLayer.step` emits a step.
@@ -1055,32 +1108,39 @@ def lstm_layer(bld: Builder, mem, wts: dict, x_len: int, h_len: int, h0, c0, *,
     padded with zero rows to whole native vectors), quantizing the same vector with the
     same settings, and the extra multiply of a stacked sigmoid gate is by 1.0.
     ``source``: ``"netq"`` (each step pops ``x_len`` elements from the input queue) or a
-    Ref the step reads (the previous layer's ``h``).
+    Ref the step reads (the previous layer's ``h``). ``quant``: None, or calibrated
+    settings (``host.quant``): ``"x"`` and ``"h"``, the E8M0 codes of static input
+    exponents for the products on ``x`` and on ``h`` (None: dynamic), ``"W"`` and
+    ``"U"``, per gate the block exponents of its ``(H, column tiles)`` matrix (None: the
+    device's max-based rule); a stacked matrix takes its gates' exponents stacked, so
+    quantize once still changes no bit.
 
     Raises
     ------
     ValueError
-        malformed ``groups``; a memory full (from ``mem``).
+        malformed ``groups`` or ``quant``; a memory full (from ``mem``).
     """
     groups = groups if groups is not None else (LSTM_FUSED if fuse else LSTM_UNFUSED)
-    return _Lstm(bld, mem, wts, x_len, h_len, h0, c0, groups, source)
+    return _Lstm(bld, mem, wts, x_len, h_len, h0, c0, groups, source, quant)
 
 
 def gru_layer(bld: Builder, mem, wts: dict, x_len: int, h_len: int, h0, *,
               linear_before_reset: bool = True, fuse: bool = True, groups=None,
-              source="netq") -> RecurrentLayer:
+              source="netq", quant=None) -> RecurrentLayer:
     """Place a GRU layer (:func:`emit_gru`'s ``wts`` and arithmetic) and return it;
-    ``fuse`` / ``groups`` / ``source`` as :func:`lstm_layer` (:data:`GRU_FUSED`,
-    :data:`GRU_UNFUSED`). Without ``linear_before_reset`` the product of n reads
-    ``r * h``, not ``h``, so n never shares h's product.
+    ``fuse`` / ``groups`` / ``source`` / ``quant`` as :func:`lstm_layer`
+    (:data:`GRU_FUSED`, :data:`GRU_UNFUSED`; ``quant["h"]`` also quantizes ``r * h``).
+    Without ``linear_before_reset`` the product of n reads ``r * h``, not ``h``, so n
+    never shares h's product.
 
     Raises
     ------
     ValueError
-        malformed ``groups``; a memory full (from ``mem``).
+        malformed ``groups`` or ``quant``; a memory full (from ``mem``).
     """
     groups = groups if groups is not None else (GRU_FUSED if fuse else GRU_UNFUSED)
-    return _Gru(bld, mem, wts, x_len, h_len, h0, linear_before_reset, groups, source)
+    return _Gru(bld, mem, wts, x_len, h_len, h0, linear_before_reset, groups, source,
+                quant)
 
 
 def _emit_steps(bld, layer, steps, step_writes, final_writes, order):

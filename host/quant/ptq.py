@@ -355,8 +355,12 @@ def _name(node) -> str:
 
 
 #: The IR ops whose input goes through the MVM's quantizer and whose weights are an MRF
-#: matrix: the layers calibrated here (recurrent layers keep the dynamic exponent).
+#: matrix: the layers calibrated, counted and range-scaled here.
 MATRIX_OPS = ("Dense", "Conv")
+#: Recurrent layers: calibrated here (``method="mmse"``: static exponents of the products
+#: on x and on h where they beat the dynamic one, block exponents of W and R, their
+#: mantissas by output error), not counted or range-scaled.
+RECURRENT_OPS = ("LSTM", "GRU")
 
 
 def _layout(graph: Graph, name: str):
@@ -518,6 +522,9 @@ def calibrate_graph(graph: Graph, config, data, *, method: str = "mmse",
     emulate = method == "mmse" and rounding == "gptq"
     qvals = {g.inputs[0]: _f16(ref[g.inputs[0]])} if emulate else None
     for node in list(g.nodes):          # _insert_offset adds nodes
+        if node.op in RECURRENT_OPS and method == "mmse":
+            records.append(_calibrate_recurrent(g, node, cfg, ref, qvals))
+            continue
         if node.op not in MATRIX_OPS:
             if emulate:
                 qvals[node.outputs[0]] = _f16(_node_value(node, g, qvals))
@@ -724,6 +731,123 @@ def _round_weights(g: Graph, node, cfg: NpuConfig, qvals: dict, w16: np.ndarray)
         "output_mse_nearest": res.error_nearest / size,
         "output_mse_nearest_corrected": res.error_nearest_corrected / size,
         "bias_corrected": True}
+
+
+def _calibrate_recurrent(g: Graph, node, cfg: NpuConfig, ref: dict, qvals: dict | None):
+    """Calibrate one ``LSTM`` / ``GRU`` node of ``g`` in place (``method="mmse"``; module
+    docstring, ``docs/calibration.md`` section 8) and return its report record.
+
+    * The static exponents of its two input quantizers, on ``x`` (every step's input)
+      and on ``h`` (the initial state and every step's state but the last, what the
+      products on ``h`` read), by :func:`activation_exponent` on the float reference's
+      values, each kept only where it beats the dynamic exponent. GRU's ``r * h`` (the
+      product of n without ``linear_before_reset``) shares ``h``'s.
+    * The block exponents of ``W`` and ``R`` by :func:`weight_exponents`.
+    * With ``qvals`` (error-compensated rounding): the mantissas of ``W`` by output error
+      on the layer's device inputs (``x`` quantized with its setting), those of ``R`` on
+      ``h`` as the float recurrence computes it from those inputs (FP16, quantized with
+      its setting), each with its bias correction: ``W``'s and ``R``'s into the summed
+      bias, GRU's n rows of ``R`` with ``linear_before_reset`` into ``b_hn``; without it
+      they read ``r * h``, so they keep nearest rounding. The chosen values (FP16-exact)
+      become the node's weights.
+    """
+    n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
+    hidden, steps = int(node.attrs["hidden"]), int(node.attrs["steps"])
+    gates = 4 if node.op == "LSTM" else 3
+    lbr = bool(node.attrs.get("linear_before_reset", 0))
+    x = ref[node.inputs[0]]
+    xs = x.reshape(len(x), steps, -1)
+    h0 = np.broadcast_to(g.initializers[node.inputs[4]].astype(np.float64),
+                         (len(x), 1, hidden))
+    hs = ref[node.outputs[0]].reshape(len(x), steps, hidden)
+    quant = {"input_exponent": None, "state_exponent": None, "offset": None}
+    rec = {"name": _name(node), "node": node.name, "op": node.origin[1] or node.op,
+           "method": "mmse", "recurrent": True, "offset": None}
+    for field, key, samples in (("input_exponent", "input", xs),
+                                ("state_exponent", "state",
+                                 np.concatenate([h0, hs[:, :-1]], axis=1))):
+        cal, why = _input_choice(_fp16(samples), n, mv)
+        if cal is not None and cal.choice == "static":
+            quant[field] = cal.exponent_code
+        rec[key] = {"mode": "static" if quant[field] is not None else "dynamic",
+                    "exponent": None if quant[field] is None else cal.exponent,
+                    "mse_dynamic": None if cal is None else cal.mse_dynamic,
+                    "mse_static": None if cal is None else cal.mse_static,
+                    "best_static": None if cal is None else cal.exponent,
+                    **({"why": why} if cal is None else {})}
+    w16 = {i: _fp16(g.initializers[node.inputs[i]]) for i in (1, 2)}
+    total = {"mse": 0.0, "mse_max_based": 0.0, "clipped": 0, "size": 0}
+    for i, field in ((1, "weight_exponents"), (2, "recurrence_exponents")):
+        e = weight_exponents(w16[i], n, mw, _ROUNDING)
+        quant[field] = e
+        dynamic = bfp.quantize(w16[i], n, mw, _ROUNDING)
+        calibrated = bfp.quantize(w16[i], n, mw, _ROUNDING, exponent=e)
+        total["mse"] += _sq_error(w16[i], calibrated)
+        total["mse_max_based"] += _sq_error(w16[i], dynamic)
+        total["clipped"] += calibrated.saturation_count
+        total["size"] += w16[i].size
+        rec[field] = _exponent_summary(e, dynamic.exponents)
+    size = total.pop("size")
+    rec["weights"] = {"mode": "calibrated", "mse": total["mse"] / size,
+                      "mse_max_based": total["mse_max_based"] / size,
+                      "clipped": total["clipped"], "rounding": {"method": "nearest"}}
+    node.attrs["quant"] = quant
+    if qvals is None:
+        return rec
+
+    def device(rows, code):                       # quantized as the product's input
+        e = None if code is None else int(code) - E8M0_BIAS
+        return bfp.quantize(_fp16(rows), n, mv, _ROUNDING, exponent=e,
+                            nonfinite="saturate").dequantize().astype(np.float64)
+    xq = qvals[node.inputs[0]]
+    x_dev = device(xq.reshape(len(xq) * steps, -1), quant["input_exponent"])
+    h_run = _f16(_node_value(node, g, qvals)).reshape(len(xq), steps, hidden)
+    h_prev = np.concatenate([h0[:len(xq)], h_run[:, :-1]], axis=1).reshape(-1, hidden)
+    h_dev = device(h_prev, quant["state_exponent"])
+    b = g.initializers[node.inputs[3]].astype(np.float64).copy()
+    rows = gates * hidden
+    # R's rows rounded by output error on h: all of them, but GRU's n rows without
+    # linear_before_reset (they read r * h).
+    r_rows = rows if node.op == "LSTM" or lbr else 2 * hidden
+    parts = {}
+    for i, inp, nrows in ((1, x_dev, rows), (2, h_dev, r_rows)):
+        w = w16[i].astype(np.float64)
+        e = np.asarray(quant["weight_exponents" if i == 1 else "recurrence_exponents"],
+                       np.int32)
+        frozen = (e - (mw - 2) < _FP16_STEP_EXP) | (mw > _FP16_MANTISSA_BITS)
+        res = round_layer(w[:nrows], inp, e[:nrows], n, mw, b[:rows] if i == 1 else None,
+                          frozen=frozen[:nrows])
+        fixed = np.repeat(frozen | (e == ZERO_BLOCK_EXP), n, axis=-1)[:, :w.shape[1]]
+        values = w.copy()
+        values[:nrows] = res.values
+        if nrows < len(w):                    # nearest rounding for the rest
+            values[nrows:] = bfp.quantize(w16[i][nrows:], n, mw, _ROUNDING,
+                                          exponent=e[nrows:]).dequantize()
+        values = np.where(fixed, w, values)
+        if not np.array_equal(_fp16(values).astype(np.float64), values):
+            raise AssertionError("chosen weights not exact in FP16")             # a bug
+        if i == 1:
+            b[:rows] = res.bias
+        elif node.op == "GRU" and lbr:        # U_n h + b_hn: n's correction into b_hn
+            b[:2 * hidden] += res.bias[:2 * hidden]
+            b[rows:rows + hidden] += res.bias[2 * hidden:]
+        else:
+            b[:nrows] += res.bias
+        d = values - w
+        parts["W" if i == 1 else "R"] = {
+            "rows_gptq": res.rows_gptq, "inputs": len(inp),
+            "output_mse": res.error / max(len(inp) * nrows, 1),
+            "output_mse_nearest": res.error_nearest / max(len(inp) * nrows, 1),
+            "weight_mse": float((d * d).mean())}
+        name = _fresh(g, f"{node.name}.{'W' if i == 1 else 'R'}~")
+        g.initializers[name] = values.astype(np.float32)
+        node.inputs[i] = name
+    name = _fresh(g, f"{node.name}.b~")
+    g.initializers[name] = b.astype(np.float32)
+    node.inputs[3] = name
+    rec["weights"]["rounding"] = {"method": "gptq", "bias_corrected": True, **parts}
+    qvals[node.outputs[0]] = _f16(_node_value(node, g, qvals))
+    return rec
 
 
 def _exponent_summary(e, dynamic) -> dict:
@@ -1166,7 +1290,9 @@ def compile_calibrated(source, config=None, *, calibrate, method: str = "mmse",
                     f"device {dev.transport.name} has no narrow-accumulator check (a build "
                     f"option; its counters have no narrow_events): range scaling with "
                     f"--accumulator-bits cannot count overflow events, stopped")
-        scaling = _device_pass(g, cfg, records, ref, rows, dev,
+        # Counts and range scaling are the matrix layers' (recurrent records left out).
+        scaling = _device_pass(g, cfg, [r for r in records if not r.get("recurrent")],
+                               ref, rows, dev,
                                accumulator_bits=accumulator_bits,
                                overflow_threshold=overflow_threshold, window=window)
         net = compile_graph(g, cfg, source=label or graph.name)

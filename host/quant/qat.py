@@ -28,14 +28,17 @@ ONNX nodes) and the quantization settings as JSON, which ``npu compile --quant``
 Recurrent layers (``LSTM``, ``GRU``, stacked or not, and the ``LastStep`` / ``View``
 nodes around them) are computed as the compiled recurrent program computes them
 (:mod:`host.compiler.lower_rnn`, ``programs.lstm_layer`` / ``gru_layer``): per step, the
-products ``W x`` and ``U h`` with ``x`` and ``h`` quantized per native vector with the
-dynamic exponent (the lowering gives recurrent products no static exponent) and the
-weights per MRF word with the max-based rule, each product rounded once to FP16, then
-every gate operation of the device's chains in its order, each rounded to FP16, with the
-MFU's own sigmoid and tanh (:func:`host.quant.fakequant.unary`). Quantize once (stacked
-products) changes no bit with dynamic exponents: a stacked product quantizes the same
-vector with the same settings and its rows are the separate products' rows. Their
-initial states stay fixed; ``W``, ``R`` and the biases are trained.
+products ``W x`` and ``U h`` with ``x`` and ``h`` quantized per native vector, each with
+its static exponent where the node's ``attrs["quant"]`` has one (``input_exponent``,
+``state_exponent``; a learned saturation each, keys ``<node>__x`` and ``<node>__h``) or
+the dynamic one, and the weights per MRF word with their block exponents
+(``weight_exponents``, ``recurrence_exponents``) or the max-based rule, each product
+rounded once to FP16, then every gate operation of the device's chains in its order,
+each rounded to FP16, with the MFU's own sigmoid and tanh
+(:func:`host.quant.fakequant.unary`). Quantize once (stacked products) changes no bit: a
+stacked product quantizes the same vector with the same settings and its rows are the
+separate products' rows. Their initial states stay fixed; ``W``, ``R`` and the biases
+are trained.
 """
 
 from __future__ import annotations
@@ -63,6 +66,16 @@ _ELEMENTWISE = {"Relu": "relu", "Sigmoid": "sigmoid", "Tanh": "tanh", "Exp": "ex
 
 #: Recurrent ops and the inputs of theirs that are initial states (kept fixed).
 _RECURRENT = {"LSTM": (4, 5), "GRU": (4,)}
+#: A recurrent node's input quantizers: (saturation key suffix, its ``attrs["quant"]``
+#: field); ``x`` the products on the layer's input, ``h`` those on the state (GRU's
+#: ``r * h`` included).
+_RECURRENT_INPUTS = (("x", "input_exponent"), ("h", "state_exponent"))
+#: A recurrent node's matrices: (IR input index, its block exponents' field).
+_RECURRENT_WEIGHTS = ((1, "weight_exponents"), (2, "recurrence_exponents"))
+#: How far (a fraction of its block's step) ``latent_from`` moves a calibrated recurrent
+#: weight towards its float value: less than half a step, so nearest rounding still
+#: gives calibration's value.
+LATENT_REACH = 0.45
 
 
 class _LearnedInput(torch.autograd.Function):
@@ -115,6 +128,9 @@ class DeviceModule(torch.nn.Module):
     ``config`` the build (NpuConfig, parse_config text or None); ``start`` the input
     exponents to begin with where a layer has none: ``"dynamic"`` (keep dynamic) or
     ``"default"`` (static, at the device's power-on ``Q_EXPONENT``, e = 0).
+    ``latent_from``: None, or the graph ``graph`` was calibrated from; its recurrent
+    layers' float weights are where the latent weights of the calibrated ``W`` and
+    ``R`` start, within their rounding cells (:meth:`_latent_from`).
 
     Raises
     ------
@@ -122,7 +138,7 @@ class DeviceModule(torch.nn.Module):
         a bad ``start`` (an op without a PyTorch form is refused when it is evaluated).
     """
 
-    def __init__(self, graph, config=None, *, start: str = "dynamic"):
+    def __init__(self, graph, config=None, *, start: str = "dynamic", latent_from=None):
         super().__init__()
         if start not in ("dynamic", "default"):
             raise QatError(f"start must be 'dynamic' or 'default', not {start!r}")
@@ -142,19 +158,66 @@ class DeviceModule(torch.nn.Module):
                         self.states[f"{key}__{i}"] = value
                     else:
                         self.weights[f"{key}__{i}"] = torch.nn.Parameter(value)
+            quant = node.attrs.get("quant") or {}
+            if node.op in _RECURRENT:
+                # Two quantizers (the products on x and on h), two matrices (W, R).
+                for suffix, field in _RECURRENT_INPUTS:
+                    self._add_saturation(f"{key}__{suffix}", quant.get(field), start)
+                for i, field in _RECURRENT_WEIGHTS:
+                    if quant.get(field) is not None:
+                        self.weight_exponents[f"{key}__{i}"] = torch.as_tensor(
+                            np.asarray(quant[field]), dtype=torch.int32)
+                continue
             if node.op not in _MATRIX_OPS:
                 continue
-            quant = node.attrs.get("quant") or {}
-            code = quant.get("input_exponent")
-            if code is None and start == "default":
-                code = E8M0_BIAS
-            if code is not None:
-                self.saturation[key] = torch.nn.Parameter(
-                    torch.tensor(float(code - E8M0_BIAS), dtype=torch.float64))
+            self._add_saturation(key, quant.get("input_exponent"), start)
             self.offsets[node.name] = quant.get("offset")
             if quant.get("weight_exponents") is not None:
                 self.weight_exponents[key] = torch.as_tensor(
                     np.asarray(quant["weight_exponents"]), dtype=torch.int32)
+        if latent_from is not None:
+            self._latent_from(latent_from)
+
+    def _latent_from(self, source) -> None:
+        """Move the recurrent layers' latent ``W`` and ``R`` (calibrated: on their
+        blocks' grids) towards the float weights of the same node in ``source`` (the
+        graph before calibration), each by at most :data:`LATENT_REACH` of its block's
+        step: the device's values (nearest rounding) stay calibration's, and training
+        starts where the float model's weights pull them (on the grid, the first
+        change of a 3-bit weight needs half a step of consistent updates)."""
+        by_name = {nd.name: nd for nd in source.nodes}
+        mw = self.config.mantissa_bits_w
+        for node in self.graph.nodes:
+            old = by_name.get(node.name)
+            if node.op not in _RECURRENT or old is None or old.op != node.op:
+                continue
+            key = self._key(node)
+            for i, _ in _RECURRENT_WEIGHTS:
+                exps = self.weight_exponents.get(f"{key}__{i}")
+                target = np.asarray(source.initializers[old.inputs[i]], np.float64)
+                param = self.weights[f"{key}__{i}"]
+                if exps is None or target.shape != tuple(param.shape):
+                    continue
+                e = np.repeat(exps.numpy(), self.config.n, axis=1)[:, :target.shape[1]]
+                reach = LATENT_REACH * 2.0 ** (e - (mw - 2))
+                v = param.detach().to(torch.float64)
+                moved = (v + torch.from_numpy(np.clip(target - v.numpy(), -reach, reach))
+                         ).to(param.dtype)
+                # Where FP16 would round the moved value into the next cell (wide
+                # mantissas: FP16's spacing near a step), the weight stays on its grid.
+                same = bfp(fp16(moved.to(torch.float64)), self.config.n, mw,
+                           exponent=exps) == bfp(fp16(v), self.config.n, mw, exponent=exps)
+                with torch.no_grad():
+                    param.copy_(torch.where(same, moved, param))
+
+    def _add_saturation(self, key: str, code, start: str) -> None:
+        """A learned saturation ``key`` from the E8M0 ``code`` (None: dynamic, or the
+        default e = 0 with ``start="default"``)."""
+        if code is None and start == "default":
+            code = E8M0_BIAS
+        if code is not None:
+            self.saturation[key] = torch.nn.Parameter(
+                torch.tensor(float(code - E8M0_BIAS), dtype=torch.float64))
 
     @staticmethod
     def _key(node) -> str:
@@ -164,22 +227,26 @@ class DeviceModule(torch.nn.Module):
     def _quant_input(self, node, x, vals):
         """The device's quantization of a matrix product's input: per native vector,
         i.e. along the channels of each pixel for a map (also one flattened for Dense)."""
-        cfg, key = self.config, self._key(node)
-        n, mv = cfg.n, cfg.mantissa_bits_v
+        key = self._key(node)
         src = _flatten_source(self.graph, node.inputs[0]) if node.op == "Dense" else None
         if node.op == "Conv" or src is not None:
             x4 = vals[src] if src is not None else x
             x = fp16(x4.permute(0, 2, 3, 1))                 # channels last: per pixel
         else:
             x = fp16(x)
-        if key in self.saturation:
-            q = _LearnedInput.apply(x, self.saturation[key], n, mv)
-        else:
-            q = bfp(x, n, mv)
+        q = self._quantize(key, x)
         if node.op == "Conv" or src is not None:
             q = q.permute(0, 3, 1, 2)
             return q if node.op == "Conv" else q.reshape(len(q), -1)
         return q
+
+    def _quantize(self, key: str, v):
+        """``v`` (FP16 values, a vector per row) quantized per native vector: with the
+        learned static exponent ``key`` where there is one, else the dynamic one."""
+        cfg = self.config
+        if key in self.saturation:
+            return _LearnedInput.apply(v, self.saturation[key], cfg.n, cfg.mantissa_bits_v)
+        return bfp(v, cfg.n, cfg.mantissa_bits_v)
 
     def _quant_weight(self, node, w):
         cfg, key = self.config, self._key(node)
@@ -203,20 +270,28 @@ class DeviceModule(torch.nn.Module):
         """Every step's ``h`` of an LSTM / GRU node on ``a`` (its input in the IR's
         layout), in the IR's output layout; the device's arithmetic (module docstring)."""
         cfg, key = self.config, self._key(node)
-        n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
+        n, mw = cfg.n, cfg.mantissa_bits_w
         batch_first = self.graph.tensors[node.inputs[0]].shape[0] is None
         xs = a if batch_first else a.transpose(0, 1)                 # (batch, T, I)
         hidden, steps = int(node.attrs["hidden"]), int(node.attrs["steps"])
         w, r, b = (self.weights[f"{key}__{i}"].to(torch.float64) for i in (1, 2, 3))
-        wq, rq, b = bfp(fp16(w), n, mw), bfp(fp16(r), n, mw), fp16(b)
+        wq, rq = (bfp(fp16(v), n, mw, exponent=self.weight_exponents.get(f"{key}__{i}"))
+                  for i, v in ((1, w), (2, r)))
+        b = fp16(b)
+
+        def qx(v):                          # the product's input quantizer, on x or h
+            return self._quantize(f"{key}__x", fp16(v))
+
+        def qh(v):
+            return self._quantize(f"{key}__h", v)
         h = fp16(self.states[f"{key}__4"].to(torch.float64)).expand(len(xs), hidden)
         out = []
         if node.op == "LSTM":
             c = fp16(self.states[f"{key}__5"].to(torch.float64)).expand(len(xs), hidden)
             for t in range(steps):
                 # W x + b (W_fio, W_c), then per h group U h + that, the gate chains.
-                xw = fp16(fp16(bfp(fp16(xs[:, t]), n, mv) @ wq.T) + b)
-                pre = fp16(fp16(bfp(h, n, mv) @ rq.T) + xw)
+                xw = fp16(fp16(qx(xs[:, t]) @ wq.T) + b)
+                pre = fp16(fp16(qh(h) @ rq.T) + xw)
                 sig = unary("sigmoid", pre[:, :3 * hidden])
                 f, i, o = sig.split(hidden, dim=1)
                 fc = fp16(f * c)                            # f's chain: times c
@@ -227,9 +302,9 @@ class DeviceModule(torch.nn.Module):
             lbr = bool(node.attrs.get("linear_before_reset", 0))
             b_zrn, b_hn = b[:3 * hidden], b[3 * hidden:]
             for t in range(steps):
-                xw = fp16(fp16(bfp(fp16(xs[:, t]), n, mv) @ wq.T) + b_zrn)
+                xw = fp16(fp16(qx(xs[:, t]) @ wq.T) + b_zrn)
                 xz, xr, xn = xw.split(hidden, dim=1)
-                hq = bfp(h, n, mv)
+                hq = qh(h)
                 if lbr:
                     uz, ur, un = fp16(hq @ rq.T).split(hidden, dim=1)
                     z, rr = unary("sigmoid", fp16(uz + xz)), unary("sigmoid", fp16(ur + xr))
@@ -237,7 +312,7 @@ class DeviceModule(torch.nn.Module):
                 else:
                     uz, ur = fp16(hq @ rq[:2 * hidden].T).split(hidden, dim=1)
                     z, rr = unary("sigmoid", fp16(uz + xz)), unary("sigmoid", fp16(ur + xr))
-                    rh = bfp(fp16(h * rr), n, mv)
+                    rh = qh(fp16(h * rr))
                     nn = unary("tanh", fp16(fp16(rh @ rq[2 * hidden:].T) + xn))
                 h = fp16(fp16(fp16(h - nn) * z) + nn)         # (h - n) * z + n
                 out.append(h)
@@ -327,28 +402,36 @@ class DeviceModule(torch.nn.Module):
     def settings(self) -> dict:
         """Per ``Dense`` / ``Conv`` node name: the quantization settings the device runs
         (``input_exponent`` an E8M0 code or None, ``weight_exponents`` a list of lists or
-        None, ``offset`` a float or None); per ``LSTM`` / ``GRU``, all None (dynamic
-        exponents, max-based weights: what the compiler runs them with)."""
+        None, ``offset`` a float or None); per ``LSTM`` / ``GRU``, ``input_exponent`` and
+        ``state_exponent`` (codes or None), ``weight_exponents`` and
+        ``recurrence_exponents`` (lists of lists or None), ``offset`` None."""
         out = {}
         for node in self.graph.nodes:
+            key = self._key(node)
             if node.op in _RECURRENT:
-                out[node.name] = {"input_exponent": None, "weight_exponents": None,
-                                  "offset": None}
+                out[node.name] = {field: self._code(f"{key}__{suffix}")
+                                  for suffix, field in _RECURRENT_INPUTS}
+                for i, field in _RECURRENT_WEIGHTS:
+                    w = self.weight_exponents.get(f"{key}__{i}")
+                    out[node.name][field] = None if w is None else w.tolist()
+                out[node.name]["offset"] = None
             if node.op not in _MATRIX_OPS:
                 continue
-            key = self._key(node)
-            code = None
-            if key in self.saturation:
-                e = int(torch.clamp(torch.round(self.saturation[key].detach()),
-                                    EXP_MIN, EXP_MAX))
-                code = e + E8M0_BIAS
             w = self.weight_exponents.get(key)
             out[node.name] = {
-                "input_exponent": code,
+                "input_exponent": self._code(key),
                 "weight_exponents": None if w is None else w.tolist(),
                 "offset": self.offsets.get(node.name),
             }
         return out
+
+    def _code(self, key: str):
+        """The E8M0 code the device runs for the learned saturation ``key``, or None
+        (dynamic)."""
+        if key not in self.saturation:
+            return None
+        return int(torch.clamp(torch.round(self.saturation[key].detach()),
+                               EXP_MIN, EXP_MAX)) + E8M0_BIAS
 
     def trained_graph(self):
         """A copy of the graph with the trained weights (float32) and the settings in
@@ -366,18 +449,19 @@ class DeviceModule(torch.nn.Module):
                 if f"{key}__{i}" in self.weights:
                     g.initializers[node.inputs[i]] = \
                         self.weights[f"{key}__{i}"].detach().numpy().astype(np.float32)
-            if node.op in _MATRIX_OPS:
+            if node.op in _MATRIX_OPS or node.op in _RECURRENT:
                 s = dict(settings[node.name])
-                if s["weight_exponents"] is not None:
-                    s["weight_exponents"] = np.asarray(s["weight_exponents"], np.int16)
+                for field in ("weight_exponents", "recurrence_exponents"):
+                    if s.get(field) is not None:
+                        s[field] = np.asarray(s[field], np.int16)
                 node.attrs["quant"] = s
         return g
 
     def export(self, onnx_path, quant_path) -> None:
         """Write the trained network as ONNX (:func:`graph_to_onnx`) and its quantization
         settings as JSON (``{"version", "n", "mantissa_bits_v", "mantissa_bits_w",
-        "layers": {node name: settings}}``, :meth:`settings`: every Dense / Conv, and
-        every LSTM / GRU with null settings), which ``npu compile --quant`` applies."""
+        "layers": {node name: settings}}``, :meth:`settings`: every Dense / Conv, LSTM and
+        GRU), which ``npu compile --quant`` applies."""
         import onnx
         onnx.save(graph_to_onnx(self.trained_graph()), str(onnx_path))
         cfg = self.config

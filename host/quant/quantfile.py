@@ -12,9 +12,11 @@ PyTorch. Format (JSON)::
 ``input_exponent`` null is the dynamic exponent; ``weight_exponents`` null the max-based
 rule; ``offset`` is informational (an offset is already folded into the biases of the
 ONNX model the file goes with). Recurrent layers (``LSTM`` / ``GRU`` nodes) may be listed
-too, with null settings only: the compiler quantizes their products (``x`` and ``h`` per
-native vector, the weights per MRF word) with the dynamic exponents and the max-based
-rule, and QAT trains them that way (``docs/training.md``); they may also be left out.
+too: ``{"input_exponent", "state_exponent": E8M0 code or null, "weight_exponents",
+"recurrence_exponents": [[int, ...], ...] or null, "offset": null}``, the static
+exponents of the products on ``x`` and on ``h`` (GRU's ``r * h`` included) and the block
+exponents of ``W`` and ``R`` (rows in the IR's gate order, one per native vector of
+columns); left out, they keep the dynamic exponents and the max-based rule.
 """
 
 from __future__ import annotations
@@ -60,25 +62,20 @@ def apply_quant(graph, data: dict, *, source: str = "the quantization file"):
     place) from a quantization file's ``layers``; every layer of the file must be one of
     them and each of them must be in the file.
 
-    Recurrent layers (``LSTM``, ``GRU``) may be in the file with null settings (their
-    products keep the dynamic exponents and max-based weights the compiler gives them).
+    Recurrent layers (``LSTM``, ``GRU``) may be in the file (``input_exponent`` and
+    ``state_exponent`` for their products on x and on h, ``weight_exponents`` and
+    ``recurrence_exponents`` for W and R, each null or as the file gives them) or left
+    out (dynamic exponents, max-based weights).
 
     Raises
     ------
     QatError
-        naming the layer that is missing on either side or whose settings are malformed,
-        or a recurrent layer given exponents.
+        naming the layer that is missing on either side or whose settings are malformed.
     """
     layers = dict(data["layers"])
     for nd in graph.nodes:
         if nd.op in ("LSTM", "GRU") and nd.name in layers:
-            s = layers.pop(nd.name)
-            if not isinstance(s, dict) or s.get("input_exponent") is not None or \
-                    s.get("weight_exponents") is not None:
-                raise QatError(f"{source}: recurrent layer {nd.name!r} ({nd.op}) has "
-                               f"settings {s!r}; the compiler quantizes recurrent layers "
-                               f"with dynamic exponents only (input_exponent and "
-                               f"weight_exponents null)")
+            nd.attrs["quant"] = _recurrent_settings(graph, nd, layers.pop(nd.name), source)
     dense = {nd.name: nd for nd in graph.nodes if nd.op in ("Dense", "Conv")}
     extra = sorted(set(layers) - set(dense))
     missing = sorted(set(dense) - set(layers))
@@ -87,24 +84,56 @@ def apply_quant(graph, data: dict, *, source: str = "the quantization file"):
                        f"{extra}, matrix layers without settings {missing}")
     for name, s in layers.items():
         node = dense[name]
-        code = s.get("input_exponent")
-        if code is not None and not (isinstance(code, int) and 0 <= code <= 254):
-            raise QatError(f"{source}: layer {name!r} has input_exponent {code!r}, not an "
-                           f"E8M0 code 0..254 or null")
-        w = s.get("weight_exponents")
-        if w is not None:
-            w = np.asarray(w)
-            rows = graph.initializers[node.inputs[1]].shape[0]
+        if not isinstance(s, dict):
+            raise QatError(f"{source}: layer {name!r} has settings {s!r}, not an object")
+        node.attrs["quant"] = {
+            "input_exponent": _code(s, "input_exponent", name, source),
             # One exponent per MRF word: (rows, column tiles of the matrix the lowering
             # places); compile_graph checks the column count against that matrix.
-            if w.ndim != 2 or w.shape[0] != rows or w.dtype.kind not in "iu":
-                raise QatError(f"{source}: layer {name!r} has weight_exponents of shape "
-                               f"{w.shape} ({w.dtype}), the layer needs integers of shape "
-                               f"({rows}, column tiles)")
-            w = w.astype(np.int16)
-        node.attrs["quant"] = {"input_exponent": code, "weight_exponents": w,
-                               "offset": s.get("offset")}
+            "weight_exponents": _exponents(s, "weight_exponents", name, source,
+                                           graph.initializers[node.inputs[1]].shape[0]),
+            "offset": s.get("offset")}
     return graph
+
+
+def _code(s: dict, field: str, name: str, source: str):
+    code = s.get(field)
+    if code is not None and not (isinstance(code, int) and 0 <= code <= 254):
+        raise QatError(f"{source}: layer {name!r} has {field} {code!r}, not an E8M0 code "
+                       f"0..254 or null")
+    return code
+
+
+def _exponents(s: dict, field: str, name: str, source: str, rows: int, cols=None):
+    """The block exponents ``s[field]`` (None, or integers ``(rows, cols)``; ``cols``
+    None: any column count) as int16."""
+    w = s.get(field)
+    if w is None:
+        return None
+    w = np.asarray(w)
+    if w.ndim != 2 or w.shape[0] != rows or w.dtype.kind not in "iu" or \
+            (cols is not None and w.shape[1] != cols):
+        raise QatError(f"{source}: layer {name!r} has {field} of shape {w.shape} "
+                       f"({w.dtype}), the layer needs integers of shape "
+                       f"({rows}, {'column tiles' if cols is None else cols})")
+    return w.astype(np.int16)
+
+
+def _recurrent_settings(graph, node, s, source: str) -> dict:
+    """A recurrent layer's ``attrs["quant"]`` from its entry in the file: the static
+    exponents of its products on x and on h, the block exponents of W and R (one per
+    row and native vector of columns; rows in the IR's gate order)."""
+    name = node.name
+    if not isinstance(s, dict):
+        raise QatError(f"{source}: layer {name!r} has settings {s!r}, not an object")
+    w, r = (graph.initializers[node.inputs[i]] for i in (1, 2))
+    return {"input_exponent": _code(s, "input_exponent", name, source),
+            "state_exponent": _code(s, "state_exponent", name, source),
+            "weight_exponents": _exponents(s, "weight_exponents", name, source,
+                                           w.shape[0], None),
+            "recurrence_exponents": _exponents(s, "recurrence_exponents", name, source,
+                                               r.shape[0], None),
+            "offset": None}
 
 
 def compile_quantized(source, config=None, *, quant):

@@ -161,8 +161,8 @@ def run(args) -> dict:
             if "x_calib" not in data:
                 raise _Usage("--start calibrated needs x_calib in the data")
             say(f"calibrating on {len(data['x_calib'])} samples")
-            graph = calibrate_graph(graph, cfg, data["x_calib"])[0]
-            module = DeviceModule(graph, cfg)
+            calibrated = calibrate_graph(graph, cfg, data["x_calib"])[0]
+            module = DeviceModule(calibrated, cfg, latent_from=graph)
         else:
             module = DeviceModule(graph, cfg, start="default")
     except QatError as exc:

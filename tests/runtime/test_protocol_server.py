@@ -181,6 +181,8 @@ def test_info_reports_version_and_build_parameters():
     mask = sum(1 << op.value for op in fields.pop("unary_ops"))
     # Every unit in every MFU: no unit_sets entry (host.spec.protocol.UNIT_SETS_ENTRY).
     assert fields.pop("unit_sets") is None and "unit_sets" not in entries
+    # Vector units as wide as n: no lanes entry (host.spec.protocol.LANES_ENTRY).
+    assert fields.pop("lanes") == SMALL.n and "lanes" not in entries
     assert {k: entries[k] for k in fields} == fields
     assert entries["unary_ops"] == mask
     assert entries["mrf_words"] == SMALL.tiles * SMALL.n * SMALL.mrf_depth
