@@ -16,7 +16,8 @@ pipeline), not by a second timing model, and partial orders are ranked by a lowe
 on the cycles of the whole program:
 
 * the MVM: the cycle it can start the next product, plus every product not yet placed
-  (their sequencer cycles, ``R * ceil(C / T)`` each);
+  (their sequencer cycles, ``R * max(ceil(C / T), B)`` each, where ``B = n / lanes``:
+  at ``lanes < n`` a row block leaves for the MFU in B beats);
 * the critical path: for every chain whose producers (RAW edges) are all placed, the
   cycle its inputs are ready (or the issuer and the MFU pipeline are free) plus its
   height, the longest chain of RAW successors after it, each weighed by its cycles on
@@ -80,6 +81,7 @@ class _Cost:
 
 def _costs(graph: DepGraph, clock_type, timing) -> list[_Cost]:
     cfg = graph.config
+    beats = cfg.n // cfg.lanes
     out = []
     for c in graph.chains:
         instr = list(c.instructions)
@@ -92,12 +94,13 @@ def _costs(graph: DepGraph, clock_type, timing) -> list[_Cost]:
         groups = -(-c.inputs // cfg.tiles)
         cost = _Cost(len(instr), c.iterations, c.inputs, c.length,
                      c.inputs if product else None, ops, spans(c.reads), spans(c.writes),
-                     dests, c.iterations * c.length * groups if product else 0, 0, 0)
+                     dests, c.iterations * c.length * max(groups, beats) if product else 0,
+                     0, 0)
         fresh = clock_type(cfg, timing)
         _run(fresh, cost, 0)
         fill, _ = fresh._fill(ops, c.length)
         out.append(cost.__class__(**{**cost.__dict__, "alone": fresh.done,
-                                     "mfu_tail": fill + c.length * max(dests, 1)}))
+                                     "mfu_tail": fill + c.length * beats * max(dests, 1)}))
     return out
 
 
@@ -176,7 +179,7 @@ def schedule(program, config=None, *, first: int = 0, beam: int = BEAM,
         an illegal program (from :mod:`host.compiler.deps`); ``first`` or ``beam`` out of
         range.
     """
-    from host.model.core import Timing, _Clock, mvm_latency
+    from host.model.core import Timing, _Clock, mvm_latency, output_fifo_depth
     graph = graph if graph is not None else dependency_graph(program, config)
     cfg = graph.config
     count = len(graph.chains)
@@ -187,7 +190,11 @@ def schedule(program, config=None, *, first: int = 0, beam: int = BEAM,
     timing = Timing()
     front, _ = mvm_latency(cfg)
     costs = _costs(graph, _Clock, timing)
-    keep = max(16, cfg.direct_depth + 4, timing.in_flight + 4, timing.decode_queue + 4)
+    beats = cfg.n // cfg.lanes
+    keep = max(16, cfg.direct_depth * beats + 4, timing.in_flight + 4,
+               timing.decode_queue + 4)
+    if beats > 1:                 # the clock's departures from the MVM's output FIFO
+        keep = max(keep, output_fifo_depth(cfg))
     preds = [set() for _ in range(count)]
     succs = [set() for _ in range(count)]
     raw_preds = [set() for _ in range(count)]

@@ -77,10 +77,21 @@ def mvm_latency(config) -> tuple[int, int]:
     ``C + R*G + front + back`` is ``hw.mvm.mvm.latency`` plus ``C + R*G``, which
     ``tests/model/test_model.py`` checks.
     """
+    return 4 + 1 + 8 + 2, _compute_latency(config) + 2
+
+
+def _compute_latency(config) -> int:
+    """``hw.mvm.mvm.compute_latency``: a group's MRF read to its row block in the output
+    FIFO."""
     stages = -(-(config.n.bit_length() - 1) // 2)          # adder tree, 2 levels each
     prefix = (config.tiles - 1).bit_length()               # ceil(log2 T)
-    compute = (3 + 2 + stages) + (3 + prefix) + 4
-    return 4 + 1 + 8 + 2, compute + 2
+    return (3 + 2 + stages) + (3 + prefix) + 4
+
+
+def output_fifo_depth(config) -> int:
+    """``hw.mvm.mvm.output_fifo_depth``: row blocks the MVM's output FIFO holds (its
+    credits)."""
+    return 1 << (_compute_latency(config) + 4 - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,9 @@ class Timing:
     mfu_accept: int = 2              #: last output taken to the next chain taken
     retire_latency: int = 1          #: last write to the scoreboard entry freed
     end_latency: int = 1             #: last retirement (or ``end`` decoded) to ``done``
+    #: ``lanes < n`` only: the core's N -> l adapter from the MVM's output FIFO to the MFU
+    #: (0 combinational, 1 registered; not yet fitted, the core is not built at l < n)
+    beat_adapter: int = 0
 
 
 class _Clock:
@@ -117,12 +131,22 @@ class _Clock:
     and sequencer (``docs/mvm.md`` section 7), and one MFU pipeline that takes a chain
     only when the previous one has left it, feeding a writer that takes one cycle per
     vector and destination.
+
+    With ``lanes`` l < n (``B = n / l`` beats a native vector, the lanes plan note,
+    section 3) the MFU pipeline, the writer and the reader's direct path count beats:
+    one beat per cycle into the MFU, one cycle per beat and destination in the writer, a
+    reduction waits for the last beat, the direct buffer holds ``direct_depth * B``
+    beats, and a product's row block leaves the MVM's output FIFO with its last beat
+    (the FIFO's credits can then hold the sequencer). At ``lanes == n`` every formula is
+    the native-vector one, cycle for cycle.
     """
 
     def __init__(self, config: NpuConfig, timing: Timing):
         self.cfg = config
         self.t = timing
         self.front, self.back = mvm_latency(config)
+        self.beats = config.n // config.lanes
+        self.fifo_depth = output_fifo_depth(config)
         levels = (config.n - 1).bit_length() + (config.max_length - 1).bit_length()
         self.reduce_latency = (timing.reduce_node_latency + 1) * levels + 2
         self.decode = timing.fetch_latency   # cycle at which the decoder has decoded so far
@@ -133,7 +157,8 @@ class _Clock:
         self.seq_free = 0
         self.seq_ends = []       # last sequencer cycle of each product
         self.mfu_free = 0        # the MFU pipeline can take the next chain
-        self.direct = []         # MFU arrivals of the last direct vectors (reader's buffer)
+        self.direct = []         # MFU arrivals of the last direct beats (reader's buffer)
+        self.departs = []        # row blocks' last beats taken from the MVM's FIFO (B > 1)
         self.retired = []        # retire cycles of the instances, in issue order
         self.done = 0
         self.flight = []         # (retire, writes) of instances maybe in flight
@@ -156,7 +181,7 @@ class _Clock:
         t = self.t
         lat = {MfuUnit.ADDSUB: t.binary_latency, MfuUnit.MUL: t.binary_latency,
                MfuUnit.ACT: t.unary_latency,
-               MfuUnit.REDUCE: length - 1 + self.reduce_latency}
+               MfuUnit.REDUCE: length * self.beats - 1 + self.reduce_latency}
         pipe = 1 + sum(t.unit_input_stages + lat[op.unit] for op in ops)
         vrf_first = bool(ops) and ops[0].unit in (MfuUnit.ADDSUB, MfuUnit.MUL)
         return pipe + vrf_first, pipe - 1
@@ -185,6 +210,7 @@ class _Clock:
         accept = max(self.mfu_free, start + t.mfu_setup)
         fill, pipe = self._fill(ops, length) if fill is None else fill
         read = max(start + t.read_latency, self.rd_free)
+        beats = self.beats
         if mvm_cols is not None:
             groups = -(-mvm_cols // self.cfg.tiles)
             # The loader takes the command and its C vectors once a buffer half is free:
@@ -194,24 +220,28 @@ class _Clock:
             self.load_free = load + mvm_cols + 1
             self.rd_free = load + c_in + 1
             seq = max(load + mvm_cols + self.front, self.seq_free)
-            self.seq_free = seq + length * groups
+            if beats == 1:
+                self.seq_free = seq + length * groups
+                arrive = [seq + (k + 1) * groups + self.back - 1 for k in range(length)]
+            else:
+                arrive = self._beats_out(seq, groups, length, accept)
             self.seq_ends.append(self.seq_free)
-            arrive = [seq + (k + 1) * groups + self.back - 1 for k in range(length)]
         else:
             # Direct vectors wait in the reader's direct buffer for the MFU. The reader
             # writes a vector only while fewer than depth - 1 wait there (earlier
             # chains' included), so it is held until the vector depth - 1 places back
             # has gone on to the MFU pipeline.
-            arrive = [max(read + k, accept + 1 + k) for k in range(length)]
-            held = self.direct[1 - self.cfg.direct_depth:] + arrive
-            room = held[-self.cfg.direct_depth] if len(held) >= self.cfg.direct_depth else 0
-            self.rd_free = max(read + c_in, room) + 1
+            arrive = [max(read + k, accept + 1 + k) for k in range(length * beats)]
+            depth = self.cfg.direct_depth * beats
+            held = self.direct[1 - depth:] + arrive
+            room = held[-depth] if len(held) >= depth else 0
+            self.rd_free = max(read + c_in * beats, room) + 1
             self.direct = held
         # Outputs: one per cycle at best, one per destination while the writer writes.
         out = max(accept + fill, arrive[0] + pipe)
         reduces = sum(op.unit is MfuUnit.REDUCE for op in ops) if ops else 0
         if reduces:                            # a reduction waits for the last vector
-            out = max(out, arrive[-1] + pipe - reduces * (length - 1))
+            out = max(out, arrive[-1] + pipe - reduces * (length * beats - 1))
         for a in arrive[1:]:
             out = max(out + dests, a + pipe)
         last = out + dests - 1                 # the writer's last write
@@ -220,6 +250,34 @@ class _Clock:
         self.retired.append(retire)
         self.flight = [f for f in self.flight if f[0] > start] + [(retire, writes)]
         self.done = max(self.done, retire)
+
+    def _beats_out(self, seq, groups, length, accept) -> list[int]:
+        """``B > 1``: the MFU arrivals of a product's ``length * B`` beats (sets
+        ``seq_free``). Row block ``k``'s last group is read at ``seq + (k+1)*groups - 1``
+        at the earliest, and not before the row block ``D`` places back (this product's
+        or an earlier one's) has left the output FIFO: room is reserved for a row block
+        before its last group is read, and a taken row block frees its place one edge
+        late. The block is at the FIFO's head ``back`` edges after that read; its beats go
+        to the MFU one per cycle, from ``beat_adapter`` edges later, once the MFU pipeline
+        has taken the chain; the FIFO pops with the last beat."""
+        depth, beats = self.fifo_depth, self.beats
+        departs = list(self.departs)
+        arrive = []
+        read_last = seq - 1
+        prev = -1
+        for k in range(length):
+            read_last = max(read_last + groups, seq + (k + 1) * groups - 1)
+            if len(departs) >= depth:
+                read_last = max(read_last, departs[-depth] + 1)
+            y = read_last + self.back
+            for b in range(beats):
+                prev = max(y + b + self.t.beat_adapter, prev + 1,
+                           accept + 1 + len(arrive))
+                arrive.append(prev)
+            departs.append(prev)
+        self.seq_free = read_last + 1
+        self.departs = departs[-depth:]
+        return arrive
 
     def total(self) -> int:
         return max(self.done, self.decode) + self.t.end_latency

@@ -1,0 +1,155 @@
+"""The cycle prediction at ``lanes`` l < n (issue 36 item 1, step 2 of
+``docs/notes/2026-11-28-lanes-plan.md``, section 3): the MFU pipeline, the writer and the
+reader's direct path count beats (``B = n / l`` a native vector), and at ``l == n`` the
+prediction is the one of the native-vector model, cycle for cycle.
+
+The beat-level expectations are derived by hand from the plan's rules, as differences
+between the same program at l < n and at l = n, so that the constants shared by both
+(decode, issue, read, fill) drop out:
+
+* the writer takes one cycle per beat and destination, so a chain of L vectors and d
+  destinations writes for ``L*B*d`` cycles instead of ``L*d``;
+* a reduction waits for its last input beat (``L*B - 1`` after the first instead of
+  ``L - 1``) and then gives ``L*B`` beats;
+* a product's row block leaves the MVM every ``G = ceil(C/T)`` cycles and takes B cycles
+  into the MFU, so its beats keep up when ``B <= G`` (the last beat of the last block is
+  ``B - 1`` later than at l = n) and otherwise stream back to back, ``R*B`` beats from
+  the first block on (against ``(R - 1)*G + 1`` cycles at l = n).
+"""
+
+import dataclasses
+
+import pytest
+
+from host.compiler.asm import assemble
+from host.model.core import NpuModel
+from host.spec.config import NpuConfig
+from sim.randprog import random_program
+
+SMALL = {"n": 8, "tiles": 1, "mrf_depth": 64, "max_col_tiles": 8, "ivrf_depth": 64,
+         "vrf_depth": 32, "netq_depth": 64, "max_length": 4}
+
+#: ``cycles_predicted`` of ``random_program(cfg, 3600 + seed, chains=30)``, seeds 0..5, on
+#: three builds at ``lanes == n``, computed with the model of commit 5e314df (before the
+#: beat-level timing): the native-vector prediction that ``lanes == n`` must keep.
+STORED = {
+    "n8": ({}, [1615, 1978, 1954, 2214, 2020, 2985]),
+    "n4t2": ({"n": 4, "tiles": 2}, [1256, 2103, 2239, 1816, 1468, 1926]),
+    "n16t3": ({"n": 16, "tiles": 3, "max_length": 8}, [2224, 3496, 2239, 2218, 2415, 1996]),
+}
+
+
+def _cycles(cfg, text):
+    model = NpuModel(cfg)
+    model.load_program(assemble(text))
+    result = model.run()
+    assert result.ok, result
+    return result.cycles_predicted
+
+
+@pytest.mark.parametrize("name", sorted(STORED))
+def test_lanes_n_predicts_the_stored_native_cycles(name):
+    extra, expected = STORED[name]
+    cfg = NpuConfig(**{**SMALL, **extra})
+    explicit = NpuConfig(**{**SMALL, **extra}, lanes=cfg.n)
+    got = []
+    for seed in range(len(expected)):
+        prog = random_program(cfg, 3600 + seed, chains=30)
+        result, _ = prog.run(NpuModel(cfg))
+        again, _ = prog.run(NpuModel(explicit))
+        assert result.ok and again.cycles_predicted == result.cycles_predicted
+        got.append(result.cycles_predicted)
+    assert got == expected
+
+
+def test_random_programs_never_predict_fewer_cycles_with_fewer_lanes():
+    cfg = NpuConfig(**SMALL)
+    for seed in range(4):
+        prog = random_program(cfg, 3700 + seed, chains=30)
+        cycles = [prog.run(NpuModel(dataclasses.replace(cfg, lanes=lanes)))[0]
+                  .cycles_predicted for lanes in (8, 4, 2)]
+        assert cycles[0] <= cycles[1] <= cycles[2], (seed, cycles)
+        assert cycles[0] < cycles[2], (seed, cycles)
+
+
+def _chain(length, body, dests):
+    writes = "".join(f"v_wr ivrf, {32 + 8 * k}\n" for k in range(dests))
+    return f"s_wr rows, {8 * length}\nv_rd ivrf, 0\n{body}{writes}end_chain\nend\n"
+
+
+@pytest.mark.parametrize("lanes", [4, 2])
+@pytest.mark.parametrize("length", [1, 2, 4])
+@pytest.mark.parametrize("dests", [1, 2, 3])
+@pytest.mark.parametrize("body", ["", "v_relu\n", "vv_add 0\n", "v_sigm\nvv_mul 0\n"])
+def test_direct_chain_writes_beats(lanes, length, dests, body):
+    """A chain without a product: L vectors of B beats, d destinations, one cycle per beat
+    and destination: ``L*(B - 1)*d`` more cycles than at l = n."""
+    cfg = NpuConfig(**{**SMALL, "unary_ops": ("relu", "sigmoid")})
+    beats = cfg.n // lanes
+    text = _chain(length, body, dests)
+    extra = _cycles(dataclasses.replace(cfg, lanes=lanes), text) - _cycles(cfg, text)
+    assert extra == length * (beats - 1) * dests
+
+
+@pytest.mark.parametrize("lanes", [4, 2])
+@pytest.mark.parametrize("length", [1, 2, 4])
+@pytest.mark.parametrize("op", ["v_sum_reduce", "v_max_reduce"])
+def test_reduction_waits_for_the_last_beat(lanes, length, op):
+    """A reduction's output waits for the last input beat, ``L*(B - 1)`` later than the
+    last vector at l = n, then the writer writes ``L*B`` beats: ``2*L*(B - 1)`` more."""
+    cfg = NpuConfig(**SMALL)
+    beats = cfg.n // lanes
+    text = _chain(length, f"{op}\n", 1)
+    extra = _cycles(dataclasses.replace(cfg, lanes=lanes), text) - _cycles(cfg, text)
+    assert extra == 2 * length * (beats - 1)
+
+
+def _product(rows, cols):
+    return (f"s_wr rows, {8 * rows}\ns_wr cols, {cols}\nv_rd ivrf, 0\nmv_mul 0\n"
+            f"v_wr ivrf, 32\nend_chain\nend\n")
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("lanes", [4, 2])
+@pytest.mark.parametrize("rows", [1, 3, 4])
+@pytest.mark.parametrize("cols", [8, 16, 32])
+def test_product_beats(tiles, lanes, rows, cols):
+    """One product, R row blocks every G = ceil(C/T) cycles (C in native vectors), one
+    destination. With ``B <= G`` every block's beats are in before the next block comes,
+    so only the last block's ``B - 1`` extra beats show; with ``B > G`` the beats queue
+    and the last one is ``R*B - 1`` after the first block instead of ``(R - 1)*G``."""
+    cfg = NpuConfig(**{**SMALL, "tiles": tiles})
+    beats = cfg.n // lanes
+    groups = -(-(cols // cfg.n) // tiles)
+    text = _product(rows, cols)
+    extra = _cycles(dataclasses.replace(cfg, lanes=lanes), text) - _cycles(cfg, text)
+    if beats <= groups:
+        assert extra == beats - 1
+    else:
+        assert extra == rows * beats - 1 - (rows - 1) * groups
+
+
+@pytest.mark.parametrize("lanes", [4, 2])
+def test_output_fifo_credits_hold_the_sequencer(lanes):
+    """A product of R = 64 row blocks with G = 1 at B > 1: its beats leave the MVM's
+    output FIFO (``hw.mvm.mvm.output_fifo_depth`` D row blocks) one per cycle from the
+    first block's ``y_0 = seq + G + back - 1`` on, block j's last beat at
+    ``y_0 + B*(j + 1) - 1``. Room is reserved before a block's last group is read and
+    freed one edge after its last beat is taken, so block R - 1 is read one edge after
+    block R - 1 - D has left: the sequencer is free at ``y_0 + B*(R - D) + 1`` instead
+    of ``seq + R*G``."""
+    from host.model.core import Timing, _Clock, mvm_latency
+    from hw.mvm.mvm import output_fifo_depth
+
+    cfg = NpuConfig(**{**SMALL, "max_length": 64})
+    rows, groups, depth = 64, 1, output_fifo_depth(cfg.mvm)
+    _, back = mvm_latency(cfg)
+    native = _Clock(cfg, Timing())
+    native.instance(1, rows, groups, [], [], [], 1)
+    seq = native.seq_free - rows * groups
+    clock = _Clock(dataclasses.replace(cfg, lanes=lanes), Timing())
+    clock.instance(1, rows, groups, [], [], [], 1)
+    beats = cfg.n // lanes
+    held = seq + groups + back - 1 + beats * (rows - depth) + 1
+    assert rows > depth and held > seq + rows * groups      # the credits bind
+    assert clock.seq_free == held
