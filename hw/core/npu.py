@@ -534,12 +534,27 @@ class NpuCore(wiring.Component):
         with m.If(self.error_clear):
             m.d.sync += err_code.eq(ErrorCode.NONE)
 
+        # Fetch. The program memory's output is registered (iw) before the decoder, so
+        # that the block RAM's clock-to-output delay and the decoder and the front end's
+        # decisions are in different cycles (issue 36, timing). The read runs a cycle
+        # further ahead instead, independent of the word decoded: pc + 2 in EXEC and
+        # CHAIN, which take one instruction per cycle (each cycle either consumes the
+        # one at pc or leaves for DRAIN); pc from CHECK on, and pc + 1 in the cycle
+        # HANDOFF hands off, so EXEC finds the instruction at pc in iw and the next one
+        # in the read port, as the unregistered read had them. A run goes to EXEC at
+        # once when the cycle before its `run` pulse read address 0 (IDLE and DRAIN
+        # read it) and wrote nothing there, and no write to address 1 comes with the
+        # pulse: iw then holds word 0 and the pulse's cycle reads word 1, each with the
+        # writes the unregistered read saw. Otherwise (a run right after a reset, a
+        # refused run or such a write) FETCH reads them as before: one cycle more.
         advance = Signal()                # the instruction at pc is consumed
-        with m.If(advance):
-            m.d.comb += prog_rp.addr.eq(pc + 1)
-        with m.Else():
-            m.d.comb += prog_rp.addr.eq(pc)
-        m.d.comb += [prog_rp.en.eq(1), dec.word.eq(prog_rp.data)]
+        iw = Signal(64)
+        m.d.sync += iw.eq(prog_rp.data)
+        m.d.comb += [prog_rp.en.eq(1), dec.word.eq(iw), prog_rp.addr.eq(pc)]
+        read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
+        fetched0 = Signal()               # and the last did, with no write there
+        m.d.sync += fetched0.eq(read0 & ~(prog_wp.en & (pw.addr == 0)))
+        write1 = prog_wp.en & (pw.addr == 1)
         with m.If(advance):
             m.d.sync += pc.eq(pc + 1)
 
@@ -599,78 +614,149 @@ class NpuCore(wiring.Component):
         extent = Signal(64)
         m.d.comb += extent.eq(Mux(has_mv, window_extent, length))
 
-        # Checks of the plan (host.model.core.NpuModel._plan), in its order.
-        e_space = _any([~space_exists(rd_space) & (rd_space != Space.NETQ)]
-                       + [(k < n_wr) & ~space_exists(w_space[k]) & (w_space[k] != Space.NETQ)
-                          for k in range(MAX_WRITES)])
+        # Checks of the plan (host.model.core.NpuModel._plan), in its order. Their terms
+        # are registers loaded every cycle, so that CHECK only picks among flags and the
+        # products and sums before the compares have cycles of their own (issue 36,
+        # timing closure). Each is a function of registers that stop changing before
+        # CHECK and do not change again until the next v_rd: the scalar registers (s_wr,
+        # outside chains), the v_rd's fields and the ops' (at least one v_wr and the
+        # end_chain follow them: final two cycles before CHECK; the sums and products of
+        # these are registered, then their compares), and the v_wr's (the last one the
+        # cycle before end_chain: final one cycle before CHECK; their products are
+        # registered and compared in CHECK). So in CHECK, the hazard states and HANDOFF
+        # each holds its function of the chain's final values, as the combinational
+        # checks did, and no cycle count changes.
+        prod_bits = len(last_iter) + _INC_BITS          # last_iter * an increment
+        e_space_rd = ~space_exists(rd_space) & (rd_space != Space.NETQ)
+        e_space_w = [(k < n_wr) & ~space_exists(w_space[k]) & (w_space[k] != Space.NETQ)
+                     for k in range(MAX_WRITES)]
+        e_space = Signal()
         e_space_at = Signal(PROGRAM_ADDR_BITS + 1)
-        m.d.comb += e_space_at.eq(at)
-        with m.If(~(~space_exists(rd_space) & (rd_space != Space.NETQ))):
+        m.d.sync += [e_space.eq(_any([e_space_rd] + e_space_w)), e_space_at.eq(at)]
+        with m.If(~e_space_rd):
             for k in reversed(range(MAX_WRITES)):
-                with m.If((k < n_wr) & ~space_exists(w_space[k]) & (w_space[k] != Space.NETQ)):
-                    m.d.comb += e_space_at.eq(w_at[k])
-        e_cols = has_mv & (cols_t > c.max_col_tiles)
-        e_static = has_mv & regs[Reg.Q_STATIC] & (regs[Reg.Q_EXPONENT] > MAX_EXPONENT_CODE)
-        e_mrf = has_mv & (mv_op + last_iter * mv_inc + length * groups > c.mrf_depth)
-        e_under = (rd_space == Space.NETQ) & (iters * c_in > inq_free)
+                with m.If(e_space_w[k]):
+                    m.d.sync += e_space_at.eq(w_at[k])
+        at_next = Signal(PROGRAM_ADDR_BITS + 1)         # at + 1
+        m.d.sync += at_next.eq(at + 1)
+        e_cols = Signal()
+        m.d.sync += e_cols.eq(has_mv & (cols_t > c.max_col_tiles))
+        e_static = Signal()
+        m.d.sync += e_static.eq(has_mv & regs[Reg.Q_STATIC]
+                                & (regs[Reg.Q_EXPONENT] > MAX_EXPONENT_CODE))
+        mrf_prod = Signal(prod_bits)
+        mrf_base = Signal(_OPERAND_BITS + len(length) + len(groups) + 1)
+        m.d.sync += [mrf_prod.eq(last_iter * mv_inc), mrf_base.eq(mv_op + length * groups)]
+        e_mrf = Signal()
+        m.d.sync += e_mrf.eq(has_mv & (mrf_prod + mrf_base > c.mrf_depth))
+        # iters * C (the vectors the chain takes from the input queue), length * iters.
+        in_need = Signal(len(iters) + len(c_in))
+        m.d.sync += in_need.eq(iters * c_in)
+        len_iters = Signal(len(length) + len(iters))
+        m.d.sync += len_iters.eq(length * iters)
+        e_under = (rd_space == Space.NETQ) & (in_need > inq_free)
         n_netq = sum((k < n_wr) & (w_space[k] == Space.NETQ) for k in range(MAX_WRITES))
         pushes = Signal(40)
-        m.d.comb += pushes.eq(n_netq * length * iters)
+        m.d.sync += pushes.eq(n_netq * len_iters)
         e_over = pushes > outq_room
+        # last_iter * increment of every range: the range checks' and the hazard walk's.
+        rd_prod = Signal(prod_bits)
+        rd_base = Signal(len(extent) + 1)
+        m.d.sync += [rd_prod.eq(last_iter * rd_inc), rd_base.eq(rd_op + extent)]
         tops = []
-        tops.append((rd_space != Space.NETQ)
-                    & (rd_op + last_iter * rd_inc + extent > space_depth(rd_space)))
+        top_rd = Signal()
+        m.d.sync += top_rd.eq((rd_space != Space.NETQ)
+                              & (rd_prod + rd_base > space_depth(rd_space)))
+        tops.append(top_rd)
+        vv_prod = {}
         for k in vrf_built:
-            tops.append(vv_used[k] & (vv_op[k] + last_iter * vv_inc[k] + length > c.vrf_depth))
+            vv_prod[k] = Signal(prod_bits, name=f"vv_prod{k}")
+            base = Signal(_OPERAND_BITS + 1, name=f"vv_base{k}")
+            m.d.sync += [vv_prod[k].eq(last_iter * vv_inc[k]), base.eq(vv_op[k] + length)]
+            top = Signal(name=f"top_vv{k}")
+            m.d.sync += top.eq(vv_used[k] & (vv_prod[k] + base > c.vrf_depth))
+            tops.append(top)
+        w_prod = []
         for k in range(MAX_WRITES):
-            tops.append((k < n_wr) & (w_space[k] != Space.NETQ)
-                        & (w_op[k] + last_iter * w_inc[k] + length > space_depth(w_space[k])))
+            # w_op + last_iter * w_inc + length > depth, as last_iter * w_inc > room.
+            w_prod.append(Signal(prod_bits, name=f"w_prod{k}"))
+            room = Signal(signed(_OPERAND_BITS + len(length) + 2), name=f"w_room{k}")
+            on = Signal(name=f"w_ranged{k}")
+            m.d.sync += [w_prod[k].eq(last_iter * w_inc[k]),
+                         room.eq(space_depth(w_space[k]) - w_op[k] - length),
+                         on.eq((k < n_wr) & (w_space[k] != Space.NETQ))]
+            tops.append(on & (w_prod[k] > room))
         e_range = _any(tops)
 
         # Hazard pairs: (kind, a, b); a is a write, b a write before it or a read.
+        # ranges: key -> (in use, space, start, increment, last_iter * increment)
         ranges = {}
         for k in range(MAX_WRITES):
             ranges[("w", k)] = ((k < n_wr) & (w_space[k] != Space.NETQ), w_space[k],
-                                w_op[k], w_inc[k])
-        ranges[("r",)] = (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc)
+                                w_op[k], w_inc[k], w_prod[k])
+        ranges[("r",)] = (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc,
+                          rd_prod)
         for k in vrf_built:
-            ranges[("v", k)] = (vv_used[k], Const(_vrf_space(k), 4), vv_op[k], vv_inc[k])
+            ranges[("v", k)] = (vv_used[k], Const(_vrf_space(k), 4), vv_op[k], vv_inc[k],
+                                vv_prod[k])
         pairs = [("ww", ("w", k), ("w", j)) for k in range(MAX_WRITES) for j in range(k)]
         pairs += [("rw", ("w", k), rd) for k in range(MAX_WRITES)
                   for rd in [("r",)] + [("v", j) for j in vrf_built]]
+        # The pairs in one memory, registered (the v_wr's spaces are final the cycle
+        # before CHECK, which loads them into haz_mask).
         cand = Signal(len(pairs))
         for i, (_, ka, kb) in enumerate(pairs):
-            va, sa, _, _ = ranges[ka]
-            vb, sb, _, _ = ranges[kb]
-            m.d.comb += cand[i].eq(va & vb & (sa == sb))
+            va, sa = ranges[ka][:2]
+            vb, sb = ranges[kb][:2]
+            m.d.sync += cand[i].eq(va & vb & (sa == sb))
+        # haz_mask: the pairs not decided yet; haz_next its value next cycle. The pair
+        # the walk decides next (the lowest of haz_next) is picked a cycle ahead: its
+        # start difference d, step s and last_iter * s are registered (pick_*), so
+        # HAZARD_PICK starts from registers.
         haz_mask = Signal(len(pairs))
+        haz_next = Signal(len(pairs))
+        m.d.comb += haz_next.eq(haz_mask)
+        m.d.sync += haz_mask.eq(haz_next)
         hz_d = Signal(signed(40))
         hz_s = Signal(signed(18))
         hz_lo = Signal(signed(12))
         hz_hi = Signal(signed(12))
         hz_i = Signal(_iter_bits(c))
-        # The lowest pending pair: its difference, step and interval.
+        next_bit = Signal(len(pairs))                   # lowest set bit of haz_next
+        m.d.comb += next_bit.eq(haz_next & (~haz_next + 1))
+        keys = list(ranges)
+
+        def select(side, field):
+            """Field ``field`` of range ``a`` (``side`` 1) or ``b`` (2) of the pair in
+            ``next_bit`` (an AND-OR over the ranges; 0 when no bit is set)."""
+            out = 0
+            for key in keys:
+                hit = _any(next_bit[i] for i, p in enumerate(pairs) if p[side] == key)
+                if isinstance(hit, Const) and hit.value == 0:
+                    continue
+                out = out | Mux(hit, ranges[key][field], 0)
+            return out
+
         pick_d = Signal(signed(40))
         pick_s = Signal(signed(18))
+        pick_r = Signal(signed(prod_bits + 1))          # last_iter * s
         pick_ww = Signal()
         pick_bit = Signal(len(pairs))
-        for i in reversed(range(len(pairs))):
-            kind, ka, kb = pairs[i]
-            _, _, oa, ia = ranges[ka]
-            _, _, ob, ib = ranges[kb]
-            with m.If(haz_mask[i]):
-                m.d.comb += [pick_d.eq(oa - ob), pick_s.eq(ia - ib),
-                             pick_ww.eq(kind == "ww"), pick_bit.eq(1 << i)]
+        ww_bits = sum(1 << i for i, p in enumerate(pairs) if p[0] == "ww")
+        m.d.sync += [pick_d.eq(select(1, 2) - select(2, 2)),
+                     pick_s.eq(select(1, 3) - select(2, 3)),
+                     pick_r.eq(select(1, 4) - select(2, 4)),
+                     pick_ww.eq((next_bit & ww_bits) != 0), pick_bit.eq(next_bit)]
         pick_lo = Mux(pick_ww, -length, 0)
         pick_hi = length
         pick_end = Signal(signed(48))
-        m.d.comb += pick_end.eq(pick_d + last_iter * pick_s)
+        m.d.comb += pick_end.eq(pick_d + pick_r)
         pick_abs = Mux(pick_s < 0, -pick_s, pick_s)
-        pick_max = Mux(pick_end > pick_d, pick_end, pick_d)
-        pick_min = Mux(pick_end > pick_d, pick_d, pick_end)
         # A step shorter than the interval cannot jump over it: the endpoints decide.
         pick_short = pick_abs < (pick_hi - pick_lo)
-        pick_hit = (pick_max > pick_lo) & (pick_min < pick_hi)
+        # max(d, end) > lo and min(d, end) < hi.
+        pick_hit = (((pick_d > pick_lo) | (pick_end > pick_lo))
+                    & ((pick_d < pick_hi) | (pick_end < pick_hi)))
 
         # Hand-off register: a checked chain for the issuer.
         desc_valid = Signal()
@@ -694,15 +780,24 @@ class NpuCore(wiring.Component):
                     m.d.sync += [done.eq(0), cycles.eq(1)]
                     with m.If(err_code != ErrorCode.NONE):
                         m.d.sync += [done.eq(1), pend_index.eq(0), cycles.eq(0)]
+                        m.d.comb += [prog_rp.addr.eq(0), read0.eq(1)]
                     with m.Else():
                         m.d.sync += [running.eq(1), pc.eq(0)]
                         for reg in Reg:
                             m.d.sync += regs[reg].eq(regs[reg].init)
-                        m.d.comb += prog_rp.addr.eq(0)
-                        m.next = "EXEC"
+                        with m.If(fetched0 & ~write1):
+                            m.d.comb += prog_rp.addr.eq(1)
+                            m.next = "EXEC"
+                        with m.Else():
+                            m.d.comb += prog_rp.addr.eq(0)
+                            m.next = "FETCH"
                 with m.Else():
-                    m.d.comb += prog_rp.addr.eq(0)
+                    m.d.comb += [prog_rp.addr.eq(0), read0.eq(1)]
+            with m.State("FETCH"):
+                m.d.comb += prog_rp.addr.eq(1)
+                m.next = "EXEC"
             with m.State("EXEC"):
+                m.d.comb += prog_rp.addr.eq(pc + 2)
                 with m.If(pc >= prog_len):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
@@ -741,6 +836,7 @@ class NpuCore(wiring.Component):
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
             with m.State("CHAIN"):
+                m.d.comb += prog_rp.addr.eq(pc + 2)
                 structure = Signal()
                 with m.If(pc >= prog_len):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
@@ -793,8 +889,8 @@ class NpuCore(wiring.Component):
                     (alloc_fail, ErrorCode.CHAIN_STRUCTURE, at),
                     (e_space, ErrorCode.ILLEGAL_FIELD, e_space_at),
                     (e_cols, ErrorCode.SIZE_RANGE, at),
-                    (e_static, ErrorCode.REGISTER_VALUE, at + 1),
-                    (e_mrf, ErrorCode.ADDRESS_RANGE, at + 1),
+                    (e_static, ErrorCode.REGISTER_VALUE, at_next),
+                    (e_mrf, ErrorCode.ADDRESS_RANGE, at_next),
                     (e_under, ErrorCode.QUEUE_UNDERFLOW, at),
                     (e_over, ErrorCode.QUEUE_OVERFLOW, at),
                     (e_range, ErrorCode.ADDRESS_RANGE, at),
@@ -808,19 +904,20 @@ class NpuCore(wiring.Component):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(code), fail_at.eq(index)]
                         m.next = "DRAIN"
                 with m.Else():
-                    m.d.sync += haz_mask.eq(cand)
+                    m.d.comb += haz_next.eq(cand)
                     m.next = "HAZARD_PICK"
             with m.State("HAZARD_PICK"):
                 with m.If(haz_mask == 0):
                     m.next = "HANDOFF"
                 with m.Elif(pick_short):
-                    m.d.sync += haz_mask.eq(haz_mask & ~pick_bit)
+                    m.d.comb += haz_next.eq(haz_mask & ~pick_bit)
                     with m.If(pick_hit):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
                                      fail_at.eq(at)]
                         m.next = "DRAIN"
                 with m.Else():
-                    m.d.sync += [haz_mask.eq(haz_mask & ~pick_bit), hz_d.eq(pick_d),
+                    m.d.comb += haz_next.eq(haz_mask & ~pick_bit)
+                    m.d.sync += [hz_d.eq(pick_d),
                                  hz_s.eq(pick_s), hz_lo.eq(pick_lo), hz_hi.eq(pick_hi),
                                  hz_i.eq(0)]
                     m.next = "HAZARD_STEP"
@@ -838,9 +935,10 @@ class NpuCore(wiring.Component):
                     m.d.sync += [hz_d.eq(hz_d + hz_s), hz_i.eq(hz_i + 1)]
             with m.State("HANDOFF"):
                 with m.If(~desc_valid):
+                    m.d.comb += prog_rp.addr.eq(pc + 1)
                     m.d.sync += desc_valid.eq(1)
                     with m.If(rd_space == Space.NETQ):
-                        m.d.comb += inq_claim.eq(iters * c_in)
+                        m.d.comb += inq_claim.eq(in_need)
                     m.d.comb += outq_claim.eq(pushes)
                     m.d.sync += [
                         desc.rd_space.eq(rd_space), desc.rd_addr.eq(rd_op),
@@ -867,6 +965,7 @@ class NpuCore(wiring.Component):
                         ]
                     m.next = "EXEC"
             with m.State("DRAIN"):
+                m.d.comb += [prog_rp.addr.eq(0), read0.eq(1)]
                 with m.If(be_idle & ~desc_valid):
                     m.d.sync += [running.eq(0), done.eq(1), err_code.eq(pend_code)]
                     m.next = "IDLE"
@@ -904,10 +1003,18 @@ class NpuCore(wiring.Component):
         sb = [[(Signal(4, name=f"sb{e}_space{k}"), Signal(a_bits + 1, name=f"sb{e}_lo{k}"),
                 Signal(a_bits + 1, name=f"sb{e}_hi{k}"), Signal(name=f"sb{e}_on{k}"))
                for k in range(MAX_WRITES)] for e in range(IN_FLIGHT)]
-        reads = [((cur.rd_space != Space.NETQ), _raw(cur.rd_space), it_rd, it_rd + cur.extent)]
+        # The read ranges' ends, it_rd + extent and it_vv + L, are registers kept beside
+        # the starts, so that the scoreboard's compares start from registers (issue 36,
+        # timing). They equal the sums wherever a read is compared: a handed-off chain
+        # passed the range checks, so no start of its iterations wraps around.
+        it_rd_end = Signal(a_bits + 2)
+        it_vv_end = {k: Signal(mcfg.addr_bits + 1, name=f"it_vv_end{k}") for k in vrf_built}
+        with m.If(desc_take):
+            m.d.sync += it_rd_end.eq(desc.rd_addr + desc.extent)
+            m.d.sync += [it_vv_end[k].eq(vv_base(desc, k) + desc.length) for k in vrf_built]
+        reads = [((cur.rd_space != Space.NETQ), _raw(cur.rd_space), it_rd, it_rd_end)]
         for k in vrf_built:
-            reads.append((cur.vv_used[k], Const(_vrf_space(k), 4), it_vv[k],
-                          it_vv[k] + cur.length))
+            reads.append((cur.vv_used[k], Const(_vrf_space(k), 4), it_vv[k], it_vv_end[k]))
         conflict = _any(
             sb_valid[e] & on & rv & (s == rs) & (lo < rhi) & (rlo < hi)
             for e in range(IN_FLIGHT) for (s, lo, hi, on) in sb[e]
@@ -956,6 +1063,8 @@ class NpuCore(wiring.Component):
             m.d.sync += [it_rd.eq(it_rd + cur.rd_inc), it_mv.eq(it_mv + cur.mv_inc),
                          left.eq(left - 1)]
             m.d.sync += [it_vv[k].eq(it_vv[k] + cur.vv_inc[k]) for k in range(vrfs)]
+            m.d.sync += it_rd_end.eq(it_rd_end + cur.rd_inc)
+            m.d.sync += [it_vv_end[k].eq(it_vv_end[k] + cur.vv_inc[k]) for k in vrf_built]
             m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
             with m.If(left == 1):
                 m.d.sync += cur_valid.eq(0)
@@ -1000,10 +1109,7 @@ class NpuCore(wiring.Component):
         r_pixel = Signal(a_bits + _pitch_bits(c))
         r_cfg = Signal(_reader_layout(c))
         p_valid = Signal()            # a vector arrives in the buffer next cycle
-        p_netq = Signal()
-        p_mask = Signal()
         p_to_mvm = Signal()
-        p_lanes = Signal(bits_for(n))
         p_q = Signal(vec)
         # A vector read last cycle is written this cycle: count it in its buffer.
         room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < mb.depth - 1,
@@ -1016,9 +1122,18 @@ class NpuCore(wiring.Component):
             m.d.sync += [r_on.eq(1), r_cfg.eq(rq_r), r_k.eq(0), r_x.eq(0), r_y.eq(0),
                          r_row.eq(rq_r.base), r_pixel.eq(rq_r.base)]
         m.d.comb += inq.r_en.eq(step & is_netq)
-        m.d.sync += [p_valid.eq(step), p_netq.eq(is_netq), p_to_mvm.eq(r_cfg.to_mvm),
-                     p_mask.eq(r_cfg.to_mvm & (r_k == r_cfg.pix - 1)),
-                     p_lanes.eq(r_cfg.lanes_cols), p_q.eq(inq.r_data)]
+        m.d.sync += [p_valid.eq(step), p_to_mvm.eq(r_cfg.to_mvm), p_q.eq(inq.r_data)]
+        # Each lane's source in the buffer write, registered with the read: the vector
+        # memory read (its space), the input queue, or none (0: lanes past COLS in each
+        # pixel's last vector do not enter the MVM). One-hot, so that a block RAM's
+        # output meets an AND-OR instead of multiplexers in series (issue 36, timing).
+        p_from_q = Signal(n)
+        p_from = {s: Signal(n, name=f"p_from{s}") for s in rports}
+        for i in range(n):
+            keep = ~(r_cfg.to_mvm & (r_k == r_cfg.pix - 1) & (r_cfg.lanes_cols <= i))
+            m.d.sync += p_from_q[i].eq(is_netq & keep)
+            for s in rports:
+                m.d.sync += p_from[s][i].eq(~is_netq & (_raw(r_cfg.space) == s) & keep)
         with m.If(step & ~is_netq):
             m.d.comb += [rd_addr.eq(r_pixel + r_k), rd_en.eq(1)]
             m.d.sync += rd_space_q.eq(r_cfg.space)
@@ -1036,12 +1151,12 @@ class NpuCore(wiring.Component):
                         m.d.sync += r_y.eq(r_y + 1)
                     with m.Else():
                         m.d.sync += r_on.eq(0)
-        # Lanes past COLS in each pixel's last vector do not enter the MVM.
-        p_data = Signal(vec)
         p_vec = Signal(vec)
-        m.d.comb += p_data.eq(Mux(p_netq, p_q.as_value(), rd_data.as_value()))
         for i in range(n):
-            m.d.comb += p_vec[i].eq(Mux(p_mask & (p_lanes <= i), 0, p_data[i]))
+            lane = Mux(p_from_q[i], p_q[i], 0)
+            for s, rp in rports.items():
+                lane = lane | Mux(p_from[s][i], rp.data[i], 0)
+            m.d.comb += p_vec[i].eq(lane)
         m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
                      db.w_data.eq(p_vec), db.w_en.eq(p_valid & ~p_to_mvm)]
 
