@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from host.compiler.programs import Builder
 from host.model.core import NpuModel
 from host.spec.image import NetworkImage
 from host.spec.isa import Space
@@ -29,7 +30,6 @@ def program_image(program, *, per_job_vectors: bool = True) -> NetworkImage:
     memories = []
     for slot, matrix in program.matrices:
         if slot in program.matrix_exponents:          # calibrated: the words as placed
-            from host.compiler.programs import Builder
             memories.append((Space.MRF, *Builder(cfg).mrf_words(
                 slot, matrix, program.matrix_exponents[slot])))
             continue

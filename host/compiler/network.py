@@ -380,15 +380,14 @@ def _report(low, cfg: NpuConfig, image: NetworkImage, source: str, graph=None) -
                 "offset": quant.get("offset")}
         elif node.op in ("LSTM", "GRU") and quant:
             # Both input quantizers (products on x and on h) and both matrices.
+            def unbiased(code):
+                return None if code is None else int(code) - E8M0_BIAS
             lay["quant"] = {
-                name: None if quant.get(field) is None
-                else int(quant[field]) - E8M0_BIAS
-                for name, field in (("input_exponent", "input_exponent"),
-                                    ("state_exponent", "state_exponent"))}
-            lay["quant"].update({
-                name: "dynamic" if quant.get(field) is None else "raw"
-                for name, field in (("weights", "weight_exponents"),
-                                    ("recurrence_weights", "recurrence_exponents"))})
+                "input_exponent": unbiased(quant.get("input_exponent")),
+                "state_exponent": unbiased(quant.get("state_exponent")),
+                "weights": "dynamic" if quant.get("weight_exponents") is None else "raw",
+                "recurrence_weights": "dynamic" if quant.get("recurrence_exponents") is None
+                else "raw"}
     vrf = {}
     for info in low.layers:
         for space, count in info.vrf.items():

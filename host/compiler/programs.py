@@ -841,32 +841,30 @@ def _check_groups(groups, gates: str, alone: str, what: str) -> tuple:
     return xg, hg
 
 
-def _stacked(mats, h_len: int, n: int, name: str) -> np.ndarray:
-    """The FP16 bits of ``mats`` (``(H, K)`` or ``(H,)`` each) stacked, each padded with
-    zero rows to whole native vectors (so that every part starts on a native vector); one
-    matrix is returned as it is."""
-    bits = [fp16_bits(m, name) for m in mats]
-    if len(bits) == 1:
-        return bits[0]
+def _stack_rows(parts, h_len: int, n: int, fill) -> np.ndarray:
+    """``parts`` (``(H, K)`` or ``(H,)`` each, one dtype) stacked, each padded with rows
+    of ``fill`` to whole native vectors (so that every part starts on a native vector);
+    one part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0]
     rows = -(-h_len // n) * n
-    out = np.zeros((len(bits) * rows,) + bits[0].shape[1:], np.uint16)
-    for k, b in enumerate(bits):
-        out[k * rows:k * rows + h_len] = b
+    out = np.full((len(parts) * rows,) + parts[0].shape[1:], fill, parts[0].dtype)
+    for k, part in enumerate(parts):
+        out[k * rows:k * rows + h_len] = part
     return out
+
+
+def _stacked(mats, h_len: int, n: int, name: str) -> np.ndarray:
+    """The FP16 bits of ``mats`` (``(H, K)`` or ``(H,)`` each) stacked, padded with zero
+    rows (:func:`_stack_rows`)."""
+    return _stack_rows([fp16_bits(m, name) for m in mats], h_len, n, 0)
 
 
 def _stacked_exponents(exps, h_len: int, n: int) -> np.ndarray:
     """Block exponents ``(H, column tiles)`` of each gate stacked as :func:`_stacked`
     stacks their matrices (the padding rows are zero blocks, exponent
-    ``ZERO_BLOCK_EXP``); one array is returned as it is."""
-    exps = [np.asarray(e, np.int32) for e in exps]
-    if len(exps) == 1:
-        return exps[0]
-    rows = -(-h_len // n) * n
-    out = np.full((len(exps) * rows, exps[0].shape[1]), ZERO_BLOCK_EXP, np.int32)
-    for k, e in enumerate(exps):
-        out[k * rows:k * rows + h_len] = e
-    return out
+    ``ZERO_BLOCK_EXP``)."""
+    return _stack_rows([np.asarray(e, np.int32) for e in exps], h_len, n, ZERO_BLOCK_EXP)
 
 
 def _check_rnn_quant(quant) -> dict:

@@ -695,6 +695,24 @@ def _unplace(view: _View, values: np.ndarray, shape) -> np.ndarray:
     return m[..., :c].transpose(0, 3, 1, 2).astype(np.float32).reshape(shape)
 
 
+def _frozen(e: np.ndarray, mw: int) -> np.ndarray:
+    """Blocks whose chosen values FP16 could not hold, which keep nearest rounding (the
+    compiler takes FP16 weights): steps below FP16's subnormal step, or mantissas wider
+    than FP16's significand."""
+    return (e - (mw - 2) < _FP16_STEP_EXP) | (mw > _FP16_MANTISSA_BITS)
+
+
+def _placeable(w: np.ndarray, chosen: np.ndarray, e: np.ndarray, frozen: np.ndarray,
+               n: int) -> np.ndarray:
+    """The values a layer's weights ``w`` take: ``chosen``, but ``w`` itself in frozen
+    and all-zero blocks; checked to be FP16 numbers."""
+    fixed = np.repeat(frozen | (e == ZERO_BLOCK_EXP), n, axis=-1)[:, :w.shape[1]]
+    values = np.where(fixed, w, chosen)
+    if not np.array_equal(_fp16(values).astype(np.float64), values):
+        raise AssertionError("chosen weights not exact in FP16")             # a bug
+    return values
+
+
 def _round_weights(g: Graph, node, cfg: NpuConfig, qvals: dict, w16: np.ndarray):
     """Error-compensated mantissas and bias correction of one layer
     (:func:`host.quant.rounding.round_layer`) on its device inputs (``qvals``, the
@@ -709,15 +727,9 @@ def _round_weights(g: Graph, node, cfg: NpuConfig, qvals: dict, w16: np.ndarray)
     w = w16.astype(np.float64)
     e = np.asarray(quant["weight_exponents"], np.int32)
     b = g.initializers[node.inputs[2]].astype(np.float64) if len(node.inputs) > 2 else None
-    # Blocks whose chosen values FP16 could not hold keep nearest rounding (the compiler
-    # takes FP16 weights): steps below FP16's subnormal step, or mantissas wider than
-    # FP16's significand.
-    frozen = (e - (mw - 2) < _FP16_STEP_EXP) | (mw > _FP16_MANTISSA_BITS)
+    frozen = _frozen(e, mw)
     res = round_layer(w, x, e, n, mw, b, frozen=frozen)
-    fixed = np.repeat(frozen | (e == ZERO_BLOCK_EXP), n, axis=-1)[:, :w.shape[1]]
-    values = np.where(fixed, w, res.values)
-    if not np.array_equal(_fp16(values).astype(np.float64), values):
-        raise AssertionError("chosen weights not exact in FP16")             # a bug
+    values = _placeable(w, res.values, e, frozen, n)
     shape = g.initializers[node.inputs[1]].shape
     wname, bname = f"{node.name}.W~", f"{node.name}.b~"
     g.initializers[wname] = _unplace(view, values, shape)
@@ -814,18 +826,15 @@ def _calibrate_recurrent(g: Graph, node, cfg: NpuConfig, ref: dict, qvals: dict 
         w = w16[i].astype(np.float64)
         e = np.asarray(quant["weight_exponents" if i == 1 else "recurrence_exponents"],
                        np.int32)
-        frozen = (e - (mw - 2) < _FP16_STEP_EXP) | (mw > _FP16_MANTISSA_BITS)
+        frozen = _frozen(e, mw)
         res = round_layer(w[:nrows], inp, e[:nrows], n, mw, b[:rows] if i == 1 else None,
                           frozen=frozen[:nrows])
-        fixed = np.repeat(frozen | (e == ZERO_BLOCK_EXP), n, axis=-1)[:, :w.shape[1]]
-        values = w.copy()
-        values[:nrows] = res.values
+        chosen = w.copy()
+        chosen[:nrows] = res.values
         if nrows < len(w):                    # nearest rounding for the rest
-            values[nrows:] = bfp.quantize(w16[i][nrows:], n, mw, _ROUNDING,
+            chosen[nrows:] = bfp.quantize(w16[i][nrows:], n, mw, _ROUNDING,
                                           exponent=e[nrows:]).dequantize()
-        values = np.where(fixed, w, values)
-        if not np.array_equal(_fp16(values).astype(np.float64), values):
-            raise AssertionError("chosen weights not exact in FP16")             # a bug
+        values = _placeable(w, chosen, e, frozen, n)
         if i == 1:
             b[:rows] = res.bias
         elif node.op == "GRU" and lbr:        # U_n h + b_hn: n's correction into b_hn
