@@ -22,11 +22,17 @@ output vector, every word of every vector memory and every counter.
 Parameters come from the environment (``tests/hw/test_npu_hw.py``): ``NPU_CONFIG`` (JSON of
 ``NpuConfig`` fields), ``NPU_CHAINS``, ``NPU_SEED`` (the random seed; logged). Idle cycles
 on every host source and back-pressure on ``outq`` and the read responses are on where a
-test says ``stalls``.
+test says ``stalls``. With ``NPU_DIGEST`` set (a file path), every comparison appends a
+line of JSON to that file: what was compared, a digest of the core's outputs, memories,
+counters, error and ``pc`` (not its cycles), the same digest of the model's, and the
+cycles taken and predicted (beside the digests, for the timing model): the lanes test
+(``tests/hw/test_npu_hw.py::test_lanes_identical``) compares two builds with them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 from types import SimpleNamespace
@@ -57,6 +63,20 @@ IDLE_PROB = 0.3
 BACKPRESSURE_PROB = 0.3
 #: Cycles a run may take per instruction-chain before the bench gives up.
 RUN_TIMEOUT_CYCLES = 400_000
+
+
+def _digest(items) -> str:
+    """SHA-256 of ``items`` (arrays of FP16 bit patterns, and tuples of ints and names),
+    independent of the build: arrays by their dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for item in items:
+        if isinstance(item, np.ndarray):
+            a = np.ascontiguousarray(item, dtype=np.uint16)
+            h.update(repr(a.shape).encode() + a.tobytes())
+        else:
+            h.update(repr(item).encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def config_from_env() -> NpuConfig:
@@ -249,22 +269,32 @@ class TB:
         """Outputs, memories, counters and the error state of core and model agree."""
         tag = f"{what} (seed {self.seed})"
         dut = self.dut
+        # What each side showed, in the order compared: the digests' input.
+        seen = {"core": [], "model": []}
+
+        def record(core, model_value):
+            seen["core"].append(core)
+            seen["model"].append(model_value)
+
         if result is not None:
             error, pc, cycles = hw
             assert error is result.error, f"{tag}: error {error.name}, model " \
                                           f"{result.error.name} ({result.message})"
             assert pc == result.pc, f"{tag}: pc {pc}, model {result.pc}"
+            record((error.name, pc), (result.error.name, result.pc))
         level = model.output_level
         assert int(dut.outq_level.value) == level, \
             f"{tag}: {int(dut.outq_level.value)} output vectors, model {level}"
         assert int(dut.inq_level.value) == model.input_level, \
             f"{tag}: {int(dut.inq_level.value)} input vectors left, model {model.input_level}"
+        record((level, int(dut.inq_level.value)), (level, model.input_level))
         if level:
             got = np.array([unpack_vector(w, self.n) for w in await self.take("outq", level)])
             want = model.pop_output(level)
             bad = np.argwhere(got != want)
             assert not len(bad), f"{tag}: output vector {bad[0][0]} lane {bad[0][1]}: " \
                                  f"{got[tuple(bad[0])]:#06x}, model {want[tuple(bad[0])]:#06x}"
+            record(got, want)
         if memories:
             for space in self.spaces:
                 depth = self.cfg.ivrf_depth if space is Space.IVRF else self.cfg.vrf_depth
@@ -274,10 +304,26 @@ class TB:
                 assert not len(bad), f"{tag}: {space.name}[{bad[0][0]}] lane {bad[0][1]}: " \
                                      f"{got[tuple(bad[0])]:#06x}, model " \
                                      f"{want[tuple(bad[0])]:#06x}"
+                record(got, want)
         await ClockCycles(dut.clk, 8)        # counters settle after the last event
         got, want = self.counters(), model.counters()
         assert got == want, f"{tag}: counters {got}, model {want}"
         assert ErrorCode(int(dut.error.value)) is model.error, f"{tag}: sticky error"
+        record((sorted(got.items()), ErrorCode(int(dut.error.value)).name),
+               (sorted(want.items()), model.error.name))
+        self._write_digest(what, seen, hw, result)
+
+    def _write_digest(self, what, seen, hw, result):
+        """One line of ``NPU_DIGEST`` (module docstring), when it is set."""
+        path = os.environ.get("NPU_DIGEST")
+        if not path:
+            return
+        line = {"what": what,
+                **{side: _digest(items) for side, items in seen.items()},
+                "cycles": None if hw is None else hw[2],
+                "predicted": None if result is None else result.cycles_predicted}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     async def run_program(self, model, prog, what, memories=True):
         await self.load(model, prog)

@@ -119,7 +119,10 @@ class Timing:
     retire_latency: int = 1          #: last write to the scoreboard entry freed
     end_latency: int = 1             #: last retirement (or ``end`` decoded) to ``done``
     #: ``lanes < n`` only: the core's N -> l adapter from the MVM's output FIFO to the MFU
-    #: (0 combinational, 1 registered; not yet fitted, the core is not built at l < n)
+    #: (0 combinational, 1 registered). 0, the gateware's (the adapter is a multiplexer,
+    #: ``hw.core.npu``): on ``n8t1`` at lanes 4 the model's error is the one at lanes 8 on
+    #: 10 of the 12 bench programs, one cycle more on two; with 1, on 3 (docs/npu.md
+    #: section 4)
     beat_adapter: int = 0
 
 

@@ -5,9 +5,16 @@ network queues, the MVM (:class:`hw.mvm.mvm.Mvm`) and the MFU pipeline
 It runs the binary programs of :mod:`host.spec.isa` with the results, memory contents,
 counters and error codes of :class:`host.model.core.NpuModel`, bit for bit. ``docs/npu.md``
 describes the ports, the pipeline and the timing.
+
+With ``config.lanes`` l < n the MFU side counts beats of l lanes (``B = n / l`` a native
+vector): the write bus, the direct buffer, the feeder (an N -> l adapter after the MVM)
+and the writer (an assembler in front of the N-wide output queue); the IVRF and the VRF
+copies are B banks of one beat, read N wide. The host ports, the MVM's input and the
+network queues stay N lanes wide. With ``lanes == n`` none of that is built (Python
+``if beats > 1``): the design is the one of before lanes, RTLIL for RTLIL.
 """
 
-from amaranth.hdl import Const, Module, Mux, ResetInserter, Signal, Value, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, Value, signed, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -45,6 +52,32 @@ _OPERAND_BITS = 32
 def vector_layout(config: NpuConfig) -> data.ArrayLayout:
     """A native vector: ``n`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``."""
     return data.ArrayLayout(unsigned(FP16_BITS), config.n)
+
+
+def _beat_layout(config: NpuConfig) -> data.ArrayLayout:
+    """A beat of the MFU side: ``lanes`` FP16 lanes (``16 * lanes`` bits); beat ``b`` of a
+    native vector is its lanes ``b*lanes .. b*lanes + lanes - 1`` (``hw.mfu.mfu.vector_layout``).
+    With ``lanes == n`` a native vector."""
+    return data.ArrayLayout(unsigned(FP16_BITS), config.lanes)
+
+
+def _vector_banks(m, name, config, depth):
+    """A vector memory of ``depth`` native vectors as ``beats`` banks, bank ``b`` holding
+    beat ``b`` of every vector at the vector's address (form (a) of the lanes plan note,
+    section 2.2): a read sees every bank, a whole native vector in one cycle (what the
+    MVM's input takes), and a write goes to one bank, one beat. With ``lanes == n``, one
+    bank: the memory of one vector per word, under ``name`` as before lanes existed.
+    Returns the list of ``lib.memory.Memory``, bank 0 first."""
+    if config.beats == 1:
+        mem = Memory(shape=vector_layout(config), depth=depth, init=[])
+        m.submodules[name] = mem
+        return [mem]
+    banks = []
+    for b in range(config.beats):
+        mem = Memory(shape=_beat_layout(config), depth=depth, init=[])
+        m.submodules[f"{name}_beat{b}"] = mem
+        banks.append(mem)
+    return banks
 
 
 def vector_write_layout(config: NpuConfig) -> data.StructLayout:
@@ -150,6 +183,28 @@ def vector_space_exists(config: NpuConfig, space) -> Value:
     return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
 
 
+def _beat_select(config, vector, index):
+    """Beat ``index % beats`` of ``vector`` (a native vector's value, ``16 n`` bits):
+    ``16 lanes`` bits, lanes ``b*lanes .. b*lanes + lanes - 1`` for ``b`` the low
+    ``beat_bits`` of ``index`` (a count of beats). ``vector`` itself with lanes == n."""
+    if config.beats == 1:
+        return vector
+    return vector.word_select(index[:config.beat_bits], FP16_BITS * config.lanes)
+
+
+def _last_beat(config, index):
+    """1 where ``index`` (a count of beats, ``beats > 1``) is the last beat of a vector."""
+    return index[:config.beat_bits].all()
+
+
+def _last_beat_index(config, vectors):
+    """The index of the last beat of ``vectors`` native vectors (``vectors >= 1``), that
+    is ``vectors * beats - 1``; ``vectors - 1`` with lanes == n, as before lanes."""
+    if config.beats == 1:
+        return vectors - 1
+    return Cat(Const(config.beats - 1, config.beat_bits), vectors - 1)
+
+
 def _fifo(m, name, layout, depth):
     f = fifo.SyncFIFOBuffered(width=layout.size, depth=depth)
     m.submodules[name] = f
@@ -178,7 +233,9 @@ class NpuCore(wiring.Component):
     Attributes
     ----------
     vec_w : ``In(stream.Signature(vector_write_layout(config)))``
-        Host write of one native vector into the IVRF or an MFU VRF.
+        Host write of one native vector into the IVRF or an MFU VRF. With ``lanes`` l < n
+        it takes ``beats`` cycles (one beat each on the write bus; ``ready`` with the
+        last); a refused request is answered in one.
     vec_r_req : ``In(stream.Signature(vector_read_layout(config)))``,
     vec_r_resp : ``Out(stream.Signature(vector_layout(config)))``
         Host read of one native vector (an all-zero vector for a refused request).
@@ -235,10 +292,6 @@ class NpuCore(wiring.Component):
         if not isinstance(config, NpuConfig):
             self._MustUse__silence = True    # a refused core is no unused elaboratable
             raise TypeError(f"config must be an NpuConfig, not {config!r}")
-        if config.lanes != config.n:
-            self._MustUse__silence = True    # the core's vector paths are n lanes wide
-            raise ValueError(f"lanes={config.lanes} is not built yet: NpuCore needs "
-                             f"lanes = n = {config.n}")
         self._config = c = config
         mvm = c.mvm
         cb = c.counter_bits
@@ -294,6 +347,8 @@ class NpuCore(wiring.Component):
         log2n = c.mvm.log2_n
         a_bits = _vaddr_bits(c)
         vec = vector_layout(c)
+        beat = _beat_layout(c)        # = vec with lanes == n
+        beats = c.beats               # beats of a native vector on the MFU side
         vrfs = 2 * c.mfus
         # The VRFs (index 2m + bank) that the unit sets build: every one without them.
         vrf_built = [k for k in range(vrfs) if Space(_vrf_space(k)) in vector_spaces(c)]
@@ -321,47 +376,50 @@ class NpuCore(wiring.Component):
         prog_rp = program.read_port(domain="sync", transparent_for=())
         prog_len = Signal(range(c.program_depth + 1))
 
-        ivrf = Memory(shape=vec, depth=c.ivrf_depth, init=[])
-        m.submodules.ivrf = ivrf
-        shadows = {}
+        # Space -> (banks, depth): the IVRF and the copies of the MFU VRFs (_vector_banks);
+        # one read and one write port per bank.
+        vmem = {Space.IVRF.value: (_vector_banks(m, "ivrf", c, c.ivrf_depth), c.ivrf_depth)}
         for k in vrf_built:
-            mem = Memory(shape=vec, depth=c.vrf_depth, init=[])
-            m.submodules[f"vrf{k}"] = mem
-            shadows[k] = mem
-        # Space -> (memory, depth); one read and one write port each.
-        vmem = {Space.IVRF.value: (ivrf, c.ivrf_depth)}
-        for k, mem in shadows.items():
-            vmem[_vrf_space(k)] = (mem, c.vrf_depth)
-        rports = {s: mem.read_port(domain="sync", transparent_for=())
-                  for s, (mem, _) in vmem.items()}
-        wports = {s: mem.write_port() for s, (mem, _) in vmem.items()}
-        # Shared read address/enable and write address/data/enable per space.
+            vmem[_vrf_space(k)] = (_vector_banks(m, f"vrf{k}", c, c.vrf_depth), c.vrf_depth)
+        rports = {s: [mem.read_port(domain="sync", transparent_for=()) for mem in banks]
+                  for s, (banks, _) in vmem.items()}
+        wports = {s: [mem.write_port() for mem in banks] for s, (banks, _) in vmem.items()}
+        # Each space's read data, a native vector (the banks side by side).
+        rdata = {s: ports[0].data if beats == 1
+                 else data.View(vec, Cat(*(rp.data for rp in ports)))
+                 for s, ports in rports.items()}
+        # Shared read address/enable, and the write bus: a vector address, the beat
+        # (wr_beat, lanes < n only) and one beat of data, into bank wr_beat of a space.
         rd_addr = Signal(a_bits)
         rd_en = Signal()
         wr_addr = Signal(a_bits)
-        wr_data = Signal(vec)
+        wr_data = Signal(beat)
         wr_space = Signal(4)
         wr_en = Signal()
-        for s, rp in rports.items():
-            m.d.comb += [rp.addr.eq(rd_addr), rp.en.eq(rd_en)]
-        for s, wp in wports.items():
-            m.d.comb += [wp.addr.eq(wr_addr), wp.data.eq(wr_data),
-                         wp.en.eq(wr_en & (wr_space == s))]
-        # The MFU VRFs (inside the pipeline) get every VRF write too.
+        wr_beat = Signal(c.beat_bits) if beats > 1 else None
+        for s, ports in rports.items():
+            for rp in ports:
+                m.d.comb += [rp.addr.eq(rd_addr), rp.en.eq(rd_en)]
+        for s, ports in wports.items():
+            for b, wp in enumerate(ports):
+                en = wr_en & (wr_space == s)
+                m.d.comb += [wp.addr.eq(wr_addr), wp.data.eq(wr_data),
+                             wp.en.eq(en if beats == 1 else en & (wr_beat == b))]
+        # The MFU VRFs (inside the pipeline) get every VRF write too, at the beat address.
         vw = data.View(vrf_write_layout(mcfg), mfu.vrf_w.payload)
         m.d.comb += [
             mfu.vrf_w.valid.eq(wr_en & (wr_space >= 2) & (wr_space < 2 + vrfs)),
             vw.mfu.eq((wr_space - 2) >> 1),
             vw.bank.eq(wr_space[0]),
-            vw.addr.eq(wr_addr),
+            vw.addr.eq(wr_addr if beats == 1 else Cat(wr_beat, wr_addr)),
             vw.values.eq(wr_data),
         ]
         rd_space_q = Signal(4)        # space of the read issued last cycle
         rd_data = Signal(vec)
         with m.Switch(rd_space_q):
-            for s, rp in rports.items():
+            for s in rports:
                 with m.Case(s):
-                    m.d.comb += rd_data.eq(rp.data)
+                    m.d.comb += rd_data.eq(rdata[s])
 
         def space_exists(space):
             return vector_space_exists(c, space)
@@ -412,11 +470,19 @@ class NpuCore(wiring.Component):
         host_rd_en = Signal()
         host_rd_addr = Signal(a_bits)
 
-        # Vector write.
+        # Vector write: with lanes < n, B beat writes on the write bus (the MFU VRFs take
+        # beats), `ready` with the last; a refused request is still answered at once.
         w = self.vec_w.payload
         w_bad_space = ~space_exists(w.space)
         w_bad_addr = w.addr >= space_depth(w.space)
-        m.d.comb += self.vec_w.ready.eq(host_ok)
+        if beats == 1:
+            m.d.comb += self.vec_w.ready.eq(host_ok)
+        else:
+            host_beat = Signal(c.beat_bits)
+            m.d.comb += self.vec_w.ready.eq(
+                host_ok & (w_bad_space | w_bad_addr | (host_beat == beats - 1)))
+            with m.If(host_wr_en):
+                m.d.sync += host_beat.eq(host_beat + 1)
         with m.If(self.vec_w.valid & host_ok):
             with m.If(w_bad_space):
                 m.d.comb += access_set.eq(ErrorCode.ILLEGAL_FIELD)
@@ -1097,10 +1163,11 @@ class NpuCore(wiring.Component):
         rq_r = data.View(_reader_layout(c), rq.r_data)
         # Two buffers, so that the vectors of a chain without a product, waiting for the
         # MFU pipeline to take their chain, do not hold back the next product's input:
-        # the MVM's is small, the direct one holds two whole chains (config.direct_depth).
+        # the MVM's is small, the direct one holds two whole chains (config.direct_depth
+        # vectors). The MVM's takes native vectors, the direct one beats (it feeds the MFU).
         m.submodules.mvm_buf = mb = fifo.SyncFIFOBuffered(width=vec.size, depth=4)
-        m.submodules.direct_buf = db = fifo.SyncFIFOBuffered(width=vec.size,
-                                                             depth=c.direct_depth)
+        m.submodules.direct_buf = db = fifo.SyncFIFOBuffered(width=beat.size,
+                                                             depth=c.direct_depth * beats)
         r_on = Signal()
         r_k = Signal(_count_bits(c))
         r_x = Signal(_count_bits(c))
@@ -1117,11 +1184,12 @@ class NpuCore(wiring.Component):
         is_netq = r_cfg.space == Space.NETQ
         step = Signal()
         m.d.comb += step.eq(r_on & room & (~is_netq | inq.r_rdy))
+        vector_step, p_beat = self._reader_beats(m, c, step, r_cfg.to_mvm)
         with m.If(~r_on & rq.r_rdy):
             m.d.comb += rq.r_en.eq(1)
             m.d.sync += [r_on.eq(1), r_cfg.eq(rq_r), r_k.eq(0), r_x.eq(0), r_y.eq(0),
                          r_row.eq(rq_r.base), r_pixel.eq(rq_r.base)]
-        m.d.comb += inq.r_en.eq(step & is_netq)
+        m.d.comb += inq.r_en.eq(vector_step & is_netq)
         m.d.sync += [p_valid.eq(step), p_to_mvm.eq(r_cfg.to_mvm), p_q.eq(inq.r_data)]
         # Each lane's source in the buffer write, registered with the read: the vector
         # memory read (its space), the input queue, or none (0: lanes past COLS in each
@@ -1137,7 +1205,7 @@ class NpuCore(wiring.Component):
         with m.If(step & ~is_netq):
             m.d.comb += [rd_addr.eq(r_pixel + r_k), rd_en.eq(1)]
             m.d.sync += rd_space_q.eq(r_cfg.space)
-        with m.If(step):
+        with m.If(vector_step):
             with m.If(r_k != r_cfg.pix - 1):
                 m.d.sync += r_k.eq(r_k + 1)
             with m.Else():
@@ -1154,19 +1222,25 @@ class NpuCore(wiring.Component):
         p_vec = Signal(vec)
         for i in range(n):
             lane = Mux(p_from_q[i], p_q[i], 0)
-            for s, rp in rports.items():
-                lane = lane | Mux(p_from[s][i], rp.data[i], 0)
+            for s in rports:
+                lane = lane | Mux(p_from[s][i], rdata[s][i], 0)
             m.d.comb += p_vec[i].eq(lane)
+        p_direct = _beat_select(c, p_vec.as_value(), p_beat)
         m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
-                     db.w_data.eq(p_vec), db.w_en.eq(p_valid & ~p_to_mvm)]
+                     db.w_data.eq(p_direct), db.w_en.eq(p_valid & ~p_to_mvm)]
 
         # Host memory access shares the ports while no program runs.
         with m.If(~running):
             m.d.comb += [rd_addr.eq(host_rd_addr), rd_en.eq(host_rd_en)]
             with m.If(host_rd_en):
                 m.d.sync += rd_space_q.eq(host_rd_space)
-            m.d.comb += [wr_addr.eq(w.addr), wr_data.eq(w.values), wr_space.eq(w.space),
-                         wr_en.eq(host_wr_en)]
+            if beats == 1:
+                m.d.comb += [wr_addr.eq(w.addr), wr_data.eq(w.values), wr_space.eq(w.space),
+                             wr_en.eq(host_wr_en)]
+            else:
+                m.d.comb += [wr_addr.eq(w.addr), wr_beat.eq(host_beat),
+                             wr_data.eq(_beat_select(c, w.values.as_value(), host_beat)),
+                             wr_space.eq(w.space), wr_en.eq(host_wr_en)]
 
         # Source vectors to the MVM.
         m.d.comb += [mvm.x_stream.payload.eq(mb.r_data), mvm.x_stream.valid.eq(mb.r_rdy),
@@ -1178,24 +1252,29 @@ class NpuCore(wiring.Component):
         # =============================================================================
         fq_r = data.View(_feeder_layout(c), fq.r_data)
         configured = Signal()
-        f_count = Signal(mcfg.length_bits)
+        f_count = Signal(mcfg.length_bits + c.beat_bits)      # beats of the instance fed
         m.d.comb += [mfu.chain.valid.eq(fq.r_rdy & ~configured),
                      mfu.chain.payload.eq(fq_r.chain)]
         with m.If(mfu.chain.valid & mfu.chain.ready):
             m.d.sync += [configured.eq(1), f_count.eq(0)]
         from_mvm = fq_r.to_mvm
+        # The N -> l adapter: beat f_count % B of the MVM's row block at the head of its
+        # output FIFO, which pops with the last beat (its credits count row blocks).
+        y_data = mvm.y_stream.payload.as_value()
         src_valid = Mux(from_mvm, mvm.y_stream.valid, db.r_rdy)
-        src_data = Mux(from_mvm, mvm.y_stream.payload.as_value(), db.r_data)
+        src_data = Mux(from_mvm, _beat_select(c, y_data, f_count), db.r_data)
         feeding = configured & fq.r_rdy
+        y_ready = feeding & from_mvm & mfu.i_stream.ready
         m.d.comb += [
             mfu.i_stream.valid.eq(feeding & src_valid),
             mfu.i_stream.payload.eq(src_data),
-            mvm.y_stream.ready.eq(feeding & from_mvm & mfu.i_stream.ready),
+            mvm.y_stream.ready.eq(y_ready if beats == 1 else y_ready & _last_beat(c, f_count)),
             db.r_en.eq(feeding & ~from_mvm & mfu.i_stream.ready),
         ]
+        f_final = f_count == _last_beat_index(c, fq_r.chain.length)
         with m.If(mfu.i_stream.valid & mfu.i_stream.ready):
             m.d.sync += f_count.eq(f_count + 1)
-            with m.If(f_count == fq_r.chain.length - 1):
+            with m.If(f_final):
                 m.d.comb += fq.r_en.eq(1)
                 m.d.sync += configured.eq(0)
 
@@ -1207,32 +1286,69 @@ class NpuCore(wiring.Component):
         fresh = Signal(init=1)        # pending not loaded yet for this vector
         todo = Signal(MAX_WRITES)
         m.d.comb += todo.eq(Mux(fresh, wq_r.valid, pending))
-        w_index = Signal(mcfg.length_bits)
+        w_index = Signal(mcfg.length_bits + c.beat_bits)      # beat of the instance written
         first = Signal(MAX_WRITES)    # lowest bit of todo
         for k in reversed(range(MAX_WRITES)):
             with m.If(todo[k]):
                 m.d.comb += first.eq(1 << k)
         rest = todo & ~first
         o = mfu.o_stream
-        o_values = data.View(vec, o.payload.values)
+        o_values = data.View(beat, o.payload.values)
         writing = o.valid & wq.r_rdy
+        # The vector and beat written: each beat goes to every destination, one cycle each.
+        w_vector = w_index if beats == 1 else w_index[c.beat_bits:]
         with m.If(writing):
             for k in range(MAX_WRITES):
                 with m.If(first[k]):
                     with m.If(wq_r.space[k] == Space.NETQ):
-                        m.d.comb += [outq.w_en.eq(1)]
+                        # The output queue takes whole vectors: with the last beat.
+                        m.d.comb += [outq.w_en.eq(1 if beats == 1
+                                                  else _last_beat(c, w_index))]
                     with m.Else():
                         m.d.comb += [wr_en.eq(1), wr_space.eq(wq_r.space[k]),
-                                     wr_addr.eq(wq_r.addr[k] + w_index), wr_data.eq(o_values)]
+                                     wr_addr.eq(wq_r.addr[k] + w_vector), wr_data.eq(o_values)]
+                        if beats > 1:
+                            m.d.comb += wr_beat.eq(w_index[:c.beat_bits])
             with m.If(rest == 0):
                 m.d.comb += o.ready.eq(1)
                 m.d.sync += [fresh.eq(1), w_index.eq(w_index + 1)]
-                with m.If(w_index == wq_r.length - 1):
+                with m.If(w_index == _last_beat_index(c, wq_r.length)):
                     m.d.comb += [retire.eq(1), wq.r_en.eq(1)]
                     m.d.sync += w_index.eq(0)
             with m.Else():
                 m.d.sync += [fresh.eq(0), pending.eq(rest)]
-        m.d.comb += outq.w_data.eq(o_values)
+        if beats == 1:
+            m.d.comb += outq.w_data.eq(o_values)
+        else:
+            # The output-queue assembler: every result beat but the vector's last shifts
+            # into outq_hold ((B - 1) beats), whatever the destinations, so each NETQ
+            # destination's push on the last beat is the whole vector (a chain with two
+            # `v_wr netq` pushes v0, v0, v1, v1, as the model does) and the output queue
+            # stays N wide. The last beat's shift is overwritten by the next vector's.
+            outq_hold = Signal((beats - 1) * beat.size)
+            with m.If(o.valid & o.ready):
+                m.d.sync += outq_hold.eq(Cat(outq_hold[beat.size:], o_values))
+            m.d.comb += outq.w_data.eq(Cat(outq_hold, o_values))
+
+    @staticmethod
+    def _reader_beats(m, c, step, to_mvm):
+        """The reader's two paces with lanes < n: ``(vector_step, p_beat)``. A product's
+        source (``to_mvm``) is read N wide, one native vector per ``step`` (the MVM's input
+        takes one per cycle); a chain without a product steps through ``(vector, beat)``,
+        reading the same vector address B times, one beat per ``step`` into the direct
+        buffer. ``vector_step`` is 1 where the reader moves on to the next vector (and
+        pops the input queue's head), ``p_beat`` (``beat_bits``, a register: the beat read
+        last cycle) selects the beat of the read data. With lanes == n: ``(step, None)``."""
+        if c.beats == 1:
+            return step, None
+        r_beat = Signal(c.beat_bits)
+        p_beat = Signal(c.beat_bits)
+        vector_step = Signal()
+        m.d.comb += vector_step.eq(step & (to_mvm | _last_beat(c, r_beat)))
+        with m.If(step & ~to_mvm):
+            m.d.sync += r_beat.eq(r_beat + 1)
+        m.d.sync += p_beat.eq(r_beat)
+        return vector_step, p_beat
 
     @staticmethod
     def _allocate(m, c, dec, pc, cur_m, used, slots, alloc_fail, unbuilt, unbuilt_at,

@@ -1,15 +1,20 @@
 """The NPU core under an HDL simulator, bit-exact against :class:`host.model.core.NpuModel`.
 
 The cocotb bench is ``sim/test_npu.py``; the build travels as JSON in ``NPU_CONFIG``.
-The regression runs the ``n8t1`` build (N = 8, T = 1, small memories) and ``n8t1u``
-(the same with per-MFU unit sets, ``sim.test_npu.UNIT_SETS``: its directed unit-set
-cases and the random chains) on both simulators. ``EXTRA_BUILDS`` holds the second build (N = 16, T = 2): its Verilog is about
-21 MB and its Verilator build takes about 25 minutes at -O0, so it is not part of
-``make test``; select it by hand with ``NPU_BUILDS=n16t2`` (``docs/npu.md`` section 5 says
-how far it has been run). The random programs run ``CHAINS`` chains per build from the
-fixed ``SEED`` (Verilator carries the volume; Icarus is about ten times slower here).
+The regression runs the ``n8t1`` build (N = 8, T = 1, small memories, ``lanes`` 4: the
+MFU side in two beats a vector) and ``n8t1u`` (the same with per-MFU unit sets,
+``sim.test_npu.UNIT_SETS``, and ``lanes`` 2, four beats: its directed unit-set cases and
+the random chains) on both simulators. ``test_lanes_identical`` runs the hand-written
+and compiled programs on ``n8t1`` at ``lanes`` = n = 8 too (Verilator only) and checks
+that the two builds give the same results, and the model's. ``EXTRA_BUILDS`` holds the
+second build (N = 16, T = 2): its Verilog is about 21 MB and its Verilator build takes
+about 25 minutes at -O0, so it is not part of ``make test``; select it by hand with
+``NPU_BUILDS=n16t2`` (``docs/npu.md`` section 5 says how far it has been run). The
+random programs run ``CHAINS`` chains per build from the fixed ``SEED`` (Verilator
+carries the volume; Icarus is about ten times slower here).
 """
 
+import json
 import os
 
 import pytest
@@ -22,14 +27,16 @@ from sim.test_npu import UNIT_SETS
 _N8T1 = {"n": 8, "tiles": 1, "mrf_depth": 128, "max_col_tiles": 16, "ivrf_depth": 64,
          "vrf_depth": 32, "netq_depth": 64, "program_depth": 512, "max_length": 4}
 ALL_BUILDS = {
-    "n8t1": NpuConfig(**_N8T1),
+    "n8t1": NpuConfig(**_N8T1, lanes=4),
     # REDUCE only in MFU 0, ACT only in MFU 1, no ADDSUB (nor AddSubVrf) in MFU 1.
-    "n8t1u": NpuConfig(**_N8T1, unit_sets=UNIT_SETS),
+    "n8t1u": NpuConfig(**_N8T1, unit_sets=UNIT_SETS, lanes=2),
+    # n8t1 at lanes = n: the core without beats, for test_lanes_identical.
+    "n8t1l8": NpuConfig(**_N8T1),
     "n16t2": NpuConfig(n=16, tiles=2, mrf_depth=48, max_col_tiles=16, ivrf_depth=64,
                        vrf_depth=32, netq_depth=64, program_depth=512, max_length=4),
 }
 #: Builds not in the default regression (see the module docstring).
-EXTRA_BUILDS = ("n16t2",)
+EXTRA_BUILDS = ("n16t2", "n8t1l8")
 BUILDS = {name: cfg for name, cfg in ALL_BUILDS.items()
           if name in os.environ.get("NPU_BUILDS", "").split(",")
           or (not os.environ.get("NPU_BUILDS") and name not in EXTRA_BUILDS)}
@@ -74,6 +81,44 @@ def test_npu(simulator, build, group):
     run_cocotb(name=f"npu_{build}", component=NpuCore(BUILDS[build]),
                test_module="sim.test_npu", simulator=simulator,
                testcase=",".join(GROUPS[group]), extra_env=_env(build, simulator))
+
+
+#: The cocotb tests of test_lanes_identical: every hand-written and compiled program,
+#: without stalls (with stalls they give the same results: the stalls only move cycles).
+IDENTICAL_TESTS = ("test_hand_programs/stalls=False", "test_programs/stalls=False")
+
+
+def _digests(build, simulator, path):
+    """The ``NPU_DIGEST`` lines (``sim/test_npu.py``) of ``IDENTICAL_TESTS`` on ``build``."""
+    path.unlink(missing_ok=True)
+    run_cocotb(name=f"npu_{build}", component=NpuCore(ALL_BUILDS[build]),
+               test_module="sim.test_npu", simulator=simulator,
+               testcase=",".join(IDENTICAL_TESTS),
+               extra_env={"NPU_CONFIG": ALL_BUILDS[build].to_json(), "NPU_SEED": str(SEED),
+                          "NPU_DIGEST": str(path)})
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_lanes_identical(simulator, tmp_path):
+    """Results do not depend on ``lanes``: the same programs on ``n8t1`` at ``lanes`` 4
+    and at ``lanes`` = n = 8 give the same outputs, memories, counters, error and ``pc``
+    as each other and as the model (digests, ``sim/test_npu.py``; cycles may differ).
+    Verilator only: it carries the extra build of ``n8t1l8``."""
+    if simulator != "verilator":
+        pytest.skip("one extra build: Verilator only")
+    if "n8t1" not in BUILDS:
+        pytest.skip("NPU_BUILDS leaves n8t1 out")
+    wide = ALL_BUILDS["n8t1l8"]
+    assert wide.lanes == wide.n and ALL_BUILDS["n8t1"] == NpuConfig(**_N8T1, lanes=4)
+    beats = _digests("n8t1", simulator, tmp_path / "lanes4.jsonl")
+    native = _digests("n8t1l8", simulator, tmp_path / "lanes8.jsonl")
+    assert [d["what"] for d in beats] == [d["what"] for d in native] and len(beats) >= 10
+    for b, w in zip(beats, native):
+        assert b["core"] == w["core"], f"{b['what']}: lanes 4 and lanes 8 differ"
+        assert b["core"] == b["model"] and w["core"] == w["model"], \
+            f"{b['what']}: a core differs from the model"
+        print(f"{b['what']}: {b['cycles']} cycles at lanes 4 (model {b['predicted']}), "
+              f"{w['cycles']} at lanes 8 (model {w['predicted']})")
 
 
 def test_constructor_errors():

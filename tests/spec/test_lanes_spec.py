@@ -152,9 +152,16 @@ def test_device_info_and_npu_info_report_lanes(capsys):
         assert json.loads(capsys.readouterr().out)["lanes"] == lanes
 
 
-def test_the_core_refuses_lanes_below_n_naming_them():
+def test_the_core_builds_lanes_below_n_with_host_ports_n_lanes_wide():
+    """``NpuCore`` takes ``lanes < n`` (step 5 of the lanes plan): its host ports keep
+    their N-lane layouts (so ``hw/link`` and ``SimBoard`` do not change), and it
+    elaborates. ``tests/hw/test_npu_hw.py`` runs it against the model."""
+    from amaranth.hdl import Fragment
     from hw.core.npu import NpuCore
-    with pytest.raises(ValueError, match=re.escape("lanes=4 is not built yet: NpuCore needs "
-                                                   "lanes = n = 8")):
-        NpuCore(NpuConfig(n=8, tiles=1, lanes=4))
-    NpuCore(NpuConfig(n=8, tiles=1, lanes=8))          # lanes = n: the core as it was
+    small = {"n": 4, "tiles": 1, "mrf_depth": 8, "max_col_tiles": 2, "ivrf_depth": 8,
+             "vrf_depth": 8, "netq_depth": 8, "program_depth": 16, "max_length": 2}
+    narrow = NpuCore(NpuConfig(**small, lanes=2))
+    wide = NpuCore(NpuConfig(**small))                 # lanes = n: the core as it was
+    assert narrow.signature == wide.signature
+    for core in (narrow, wide):
+        Fragment.get(core, None)
