@@ -575,6 +575,11 @@ class _Plan:
             prev["out"] = self.root[node.outputs[0]]
             self.producer[prev["out"]] = k
             return
+        shift = self._input_shift(k, src)
+        if shift is not None:           # the layer's own copy of x adds it (lower_rnn)
+            self.stages.pop()
+            del self.producer[src]
+            src, k, prev = self.input, None, None
         stacked = prev is not None and prev["kind"] == "rnn" and prev["every"] \
             and self.uses.get(src) == 1
         if not stacked and (self.stages or src != self.input):
@@ -586,7 +591,8 @@ class _Plan:
             self._check_unary(node, fn)
         w = g.initializers[node.inputs[1]]
         layer = {"node": node, "rows": int(node.attrs["hidden"]), "cols": w.shape[1],
-                 "w_arrays": [g.initializers[i] for i in node.inputs[1:]]}
+                 "w_arrays": [g.initializers[i] for i in node.inputs[1:]],
+                 "x_shift": shift}
         out = self.root[node.outputs[0]]
         if stacked:                      # a stacked layer: one stage, emitted step by step
             prev["layers"].append(layer)
@@ -599,6 +605,33 @@ class _Plan:
                    "src": src, "out": out, "w_arrays": layer["w_arrays"],
                    "rows": layer["rows"], "cols": layer["cols"],
                    "steps": int(node.attrs["steps"])})
+
+    def _input_shift(self, k, src: str) -> float | None:
+        """The shift of ``Affine`` nodes of the network input with scale 1 and, all but
+        one shift 0, one nonzero FP16 shift (calibration's input offset,
+        ``docs/calibration.md`` section 8; an exported one comes back as a ``Mul`` by
+        ones and an ``Add``) when they are the only stage so far (stage ``k``) and only
+        a recurrent layer reads them (as ``src``, through ``View`` nodes); else None.
+        Adding 0 and multiplying by 1 are exact in FP16 and leave ``x - m`` as it is,
+        so the layer's one add of ``-m`` computes the same bits."""
+        if k is None or k != 0 or len(self.stages) != 1 or self.uses.get(src) != 1:
+            return None
+        st = self.stages[0]
+        if st["kind"] != "map" or st["src"] != self.input or st["out"] != src \
+                or any(nd.op != "Affine" for nd in st["nodes"]):
+            return None
+        shifts = []
+        for nd in st["nodes"]:
+            scale, shift = (self.graph.initializers[i].astype(np.float64)
+                            for i in nd.inputs[1:])
+            if not np.all(scale == 1.0):
+                return None
+            if np.any(shift != 0.0):
+                shifts.append(shift)
+        if len(shifts) != 1 or not np.all(shifts[0] == shifts[0].flat[0]):
+            return None
+        value = float(shifts[0].flat[0])
+        return value if float(np.float16(value)) == value else None
 
     def _pool_stage(self, node, src: str, out: str) -> dict:
         """A pool as separable passes: ``vertical`` (kh > 1) combines ``kh`` rows of the

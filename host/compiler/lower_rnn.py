@@ -228,6 +228,8 @@ def _quant(layer, config) -> dict | None:
 def _make(layer, bld, mem, groups, source, config):
     wts, h0, c0 = _weights(layer)
     quant = _quant(layer, config)
+    if layer.get("x_shift") is not None:       # an input offset (lower._input_shift)
+        quant = dict(quant or {}, x_shift=layer["x_shift"])
     if layer["node"].op == "LSTM":
         return lstm_layer(bld, mem, wts, layer["cols"], layer["rows"], h0, c0,
                           groups=groups, source=source, quant=quant)

@@ -871,11 +871,17 @@ def _check_rnn_quant(quant) -> dict:
     """A recurrent layer's ``quant`` (:func:`lstm_layer`) as a dict, its codes checked."""
     if quant is None:
         return {}
-    if not isinstance(quant, dict) or set(quant) - {"x", "h", "W", "U"}:
-        raise ValueError(f"quant must be a dict of 'x', 'h', 'W', 'U', not {quant!r}")
+    if not isinstance(quant, dict) or set(quant) - {"x", "h", "W", "U", "x_shift"}:
+        raise ValueError(f"quant must be a dict of 'x', 'h', 'W', 'U', 'x_shift', not "
+                         f"{quant!r}")
     for key in ("x", "h"):
         if quant.get(key) is not None:
             check_int(f"quant[{key!r}]", quant[key], 0, MAX_EXPONENT_CODE)
+    shift = quant.get("x_shift")
+    if shift is not None and not (isinstance(shift, (float, int, np.floating))
+                                  and np.isfinite(shift) and shift
+                                  and float(np.float16(shift)) == shift):
+        raise ValueError(f"quant['x_shift'] must be a nonzero FP16 number, not {shift!r}")
     return quant
 
 
@@ -904,6 +910,9 @@ class RecurrentLayer:
         #: Static input exponents (E8M0 codes, or None: dynamic) of the products on x
         #: and on h.
         self.x_exp, self.h_exp = self.quant.get("x"), self.quant.get("h")
+        #: The constant added to every element of x before the products (calibration's
+        #: input offset, -m), or None.
+        self.x_shift = self.quant.get("x_shift")
 
     def _matrix(self, mem, kind: str, g: str, wts: dict) -> int:
         """Place the stacked matrix of ``kind`` (``"W"`` or ``"U"``) for gate group
@@ -956,14 +965,23 @@ class RecurrentLayer:
                 writes[g] = [self._span(cache[(g, space)], g) for space in spaces]
             self.xw.append(refs)
             self.xw_writes.append(writes)
-        copy = self.source == "netq" and len(xg) > 1
+        # x is copied into the IVRF when several products read it from the queue, and
+        # whenever it is shifted (the copy's chain adds the shift: one MFU add, FP16).
+        copy = (self.source == "netq" and len(xg) > 1) or self.x_shift is not None
         self.x = [mem.alloc(Space.IVRF, self.bld.tiles(self.x_len)) for _ in range(2)] \
             if copy else None
+        self.x_ops = []
+        if self.x_shift is not None:
+            tiles = self.bld.tiles(self.x_len)
+            shift = mem.place(Space.ASVRF0, fp16_bits(np.full(tiles * self.bld.n,
+                                                              float(self.x_shift)),
+                                                      "quant['x_shift']"), "x_shift")
+            self.x_ops = [("vv", "add", shift)]
 
     def _x_chains(self, t: int) -> None:
         bld, p = self.bld, t % 2
         if self.x is not None:
-            bld.chain(self.source, rows=self.x_len, writes=[self.x[p]])
+            bld.chain(self.source, rows=self.x_len, ops=self.x_ops, writes=[self.x[p]])
         read = self.x[p] if self.x is not None else self.source
         for g in self.groups[0]:
             bld.chain(read, rows=self._rows(g), mv_mul=self.w_slot[g], cols=self.x_len,
@@ -1111,7 +1129,10 @@ def lstm_layer(bld: Builder, mem, wts: dict, x_len: int, h_len: int, h0, c0, *,
     exponents for the products on ``x`` and on ``h`` (None: dynamic), ``"W"`` and
     ``"U"``, per gate the block exponents of its ``(H, column tiles)`` matrix (None: the
     device's max-based rule); a stacked matrix takes its gates' exponents stacked, so
-    quantize once still changes no bit.
+    quantize once still changes no bit. ``"x_shift"``: a nonzero FP16 number added to
+    every element of ``x`` (rounded to FP16) before the products read it: each step
+    copies ``x`` into the IVRF through that add (calibration's input offset, ``-m``;
+    the biases carry ``W m``).
 
     Raises
     ------

@@ -768,13 +768,17 @@ def _calibrate_recurrent(g: Graph, node, cfg: NpuConfig, ref: dict, qvals: dict 
     gates = 4 if node.op == "LSTM" else 3
     lbr = bool(node.attrs.get("linear_before_reset", 0))
     x = ref[node.inputs[0]]
-    xs = x.reshape(len(x), steps, -1)
     h0 = np.broadcast_to(g.initializers[node.inputs[4]].astype(np.float64),
                          (len(x), 1, hidden))
     hs = ref[node.outputs[0]].reshape(len(x), steps, hidden)
     quant = {"input_exponent": None, "state_exponent": None, "offset": None}
     rec = {"name": _name(node), "node": node.name, "op": node.origin[1] or node.op,
-           "method": "mmse", "recurrent": True, "offset": None}
+           "method": "mmse", "recurrent": True}
+    w16 = {i: _fp16(g.initializers[node.inputs[i]]) for i in (1, 2)}
+    exps = {i: weight_exponents(w16[i], n, mw, _ROUNDING) for i in (1, 2)}
+    rec["offset"] = _recurrent_offset(g, node, cfg, ref, qvals, w16[1], exps[1])
+    x = ref[node.inputs[0]]                     # x - m where an offset was placed
+    xs = x.reshape(len(x), steps, -1)
     for field, key, samples in (("input_exponent", "input", xs),
                                 ("state_exponent", "state",
                                  np.concatenate([h0, hs[:, :-1]], axis=1))):
@@ -787,10 +791,9 @@ def _calibrate_recurrent(g: Graph, node, cfg: NpuConfig, ref: dict, qvals: dict 
                     "mse_static": None if cal is None else cal.mse_static,
                     "best_static": None if cal is None else cal.exponent,
                     **({"why": why} if cal is None else {})}
-    w16 = {i: _fp16(g.initializers[node.inputs[i]]) for i in (1, 2)}
     total = {"mse": 0.0, "mse_max_based": 0.0, "clipped": 0, "size": 0}
     for i, field in ((1, "weight_exponents"), (2, "recurrence_exponents")):
-        e = weight_exponents(w16[i], n, mw, _ROUNDING)
+        e = exps[i]
         quant[field] = e
         dynamic = bfp.quantize(w16[i], n, mw, _ROUNDING)
         calibrated = bfp.quantize(w16[i], n, mw, _ROUNDING, exponent=e)
@@ -859,6 +862,49 @@ def _calibrate_recurrent(g: Graph, node, cfg: NpuConfig, ref: dict, qvals: dict 
     return rec
 
 
+def _recurrent_offset(g: Graph, node, cfg: NpuConfig, ref: dict, qvals: dict | None,
+                      w16: np.ndarray, e: np.ndarray) -> dict:
+    """Seed 002's offset on the input ``x`` of recurrent ``node`` (every step's input
+    vector; ``docs/calibration.md`` section 8): chosen as for a matrix layer
+    (:func:`_offset_choice`), and placed where it lowers the input's error by the device
+    op's margin (:data:`OFFSET_OP_GAIN`) and an ``Affine`` fits before the layer
+    (:func:`_sequence_source`): the ``Affine`` subtracts ``m`` and the summed bias of
+    the gates' ``W x`` rows becomes ``b + W m`` (``W`` the float weights ``w16`` when
+    error-compensated rounding follows, else nearest rounding with block exponents
+    ``e``). Returns the report's offset record."""
+    n, mv, mw = cfg.n, cfg.mantissa_bits_v, cfg.mantissa_bits_w
+    x = ref[node.inputs[0]]
+    samples = x.reshape(-1, w16.shape[1])
+    offset = {"value": None, "applied": False}
+    cal, why = _input_choice(_fp16(samples), n, mv)
+    if cal is None:
+        return dict(offset, why=why)
+    m, shifted, rule = _offset_choice(samples, n, mv)
+    offset.update(value=m, rule=rule, mse=None if shifted is None else _best(shifted))
+    place = _sequence_source(g, node.inputs[0])
+    if not m:
+        offset["why"] = "the offset is 0"
+    elif shifted is None or _best(shifted) >= _best(cal):
+        offset["why"] = "it does not lower the input's error"
+    elif _best(shifted) > OFFSET_OP_GAIN * _best(cal):
+        offset["why"] = (f"it lowers the input's error by less than "
+                         f"{1 - OFFSET_OP_GAIN:.0%}, too little for a device op")
+    elif place is None:
+        offset["why"] = "no tensor before the layer has a channel axis for the device op"
+    else:
+        rows = len(w16)
+        wm = (w16.astype(np.float64) if qvals is not None else
+              bfp.quantize(w16, n, mw, _ROUNDING, exponent=e).dequantize().astype(np.float64))
+        b = g.initializers[node.inputs[3]].astype(np.float64).copy()
+        b[:rows] = fold_offset(wm, b[:rows], m)
+        name = _fresh(g, f"{node.name}.b+Wm")
+        g.initializers[name] = b.astype(np.float32)
+        node.inputs[3] = name
+        op = _place_offset(g, node, m, *place, ref, qvals)
+        offset.update(applied=True, op=op, why=f"subtracted by the device op {op}")
+    return offset
+
+
 def _exponent_summary(e, dynamic) -> dict:
     e = np.asarray(e, np.int32)
     d = np.asarray(dynamic, np.int32)
@@ -903,16 +949,15 @@ def _fresh(g: Graph, base: str) -> str:
 
 def _insert_offset(g: Graph, node, m: float, ref: dict, qvals: dict | None,
                    device_w: np.ndarray | None = None) -> str:
-    """Make ``node`` read its input minus ``m`` through a new ``Affine`` node (scale 1,
-    shift ``-m``; the device's MFU subtracts, rounding to FP16 once) and give it the bias
-    ``b + W m``, so that in real arithmetic the layer computes what it did. A ``Dense``
-    reading a flattened map gets the ``Affine`` on the map, before new copies of the
-    ``Flatten`` / ``View`` nodes (the map keeps the lowering's layout, and its other
-    readers keep the old values); a padding ``Conv``'s ``pad_value`` goes down by ``m``
-    too. ``device_w``: the placed matrix whose row sums make ``W m`` (default the
-    float weights). ``ref`` and ``qvals`` (float and device values of the
-    tensors) gain the new tensors. Returns the new node's name."""
-    from host.compiler.ir import Node
+    """Make ``node`` (a ``Dense`` / ``Conv``) read its input minus ``m`` through a new
+    ``Affine`` node (:func:`_place_offset`) and give it the bias ``b + W m``, so that in
+    real arithmetic the layer computes what it did. A ``Dense`` reading a flattened map
+    gets the ``Affine`` on the map, before new copies of the ``Flatten`` / ``View`` nodes
+    (the map keeps the lowering's layout, and its other readers keep the old values); a
+    padding ``Conv``'s ``pad_value`` goes down by ``m`` too. ``device_w``: the placed
+    matrix whose row sums make ``W m`` (default the float weights). ``ref`` and
+    ``qvals`` (float and device values of the tensors) gain the new tensors. Returns the
+    new node's name."""
     chain, src = [], node.inputs[0]
     if node.op == "Dense" and _layout(g, src) is not None:     # a Dense over a whole map
         p = g.producer(src)
@@ -924,6 +969,27 @@ def _insert_offset(g: Graph, node, m: float, ref: dict, qvals: dict | None,
             p = g.producer(src)
         if len(g.tensors[src].shape) != 4:
             chain, src = [], node.inputs[0]
+    if node.op == "Conv" and any(node.attrs["pads"]):
+        # The padded positions move with the values: W (x - m) over the window, the ring
+        # included, is W x - m sum(W) everywhere, which the bias b + m sum(W) undoes.
+        node.attrs["pad_value"] = float(node.attrs.get("pad_value", 0.0)) - m
+    w = g.initializers[node.inputs[1]].astype(np.float64)
+    b = g.initializers[node.inputs[2]] if len(node.inputs) > 2 else None
+    bname = _fresh(g, f"{node.name}.b+Wm")
+    wm = w.reshape(len(w), -1) if device_w is None else device_w
+    g.initializers[bname] = fold_offset(wm, b, m).astype(np.float32)
+    node.inputs[2:] = [bname]
+    return _place_offset(g, node, m, chain, src, ref, qvals)
+
+
+def _place_offset(g: Graph, node, m: float, chain: list, src: str, ref: dict,
+                  qvals: dict | None) -> str:
+    """Put an ``Affine`` node (scale 1, shift ``-m``; the device's MFU subtracts, rounding
+    to FP16 once) on tensor ``src``, followed by new copies of the ``chain`` nodes
+    (``Flatten`` / ``View`` from ``src`` to ``node``'s input), and make ``node`` read the
+    result; the graph's other readers keep the old tensors. ``ref`` and ``qvals`` gain
+    the new tensors. Returns the ``Affine`` node's name."""
+    from host.compiler.ir import Node
     t = g.tensors[src]
     c = t.shape[1]
     scale, shift = _fresh(g, f"{node.name}.offset_scale"), _fresh(g, f"{node.name}.offset")
@@ -942,21 +1008,29 @@ def _insert_offset(g: Graph, node, m: float, ref: dict, qvals: dict | None,
     at = g.nodes.index(node)
     g.nodes[at:at] = new
     node.inputs[0] = out
-    if node.op == "Conv" and any(node.attrs["pads"]):
-        # The padded positions move with the values: W (x - m) over the window, the ring
-        # included, is W x - m sum(W) everywhere, which the bias b + m sum(W) undoes.
-        node.attrs["pad_value"] = float(node.attrs.get("pad_value", 0.0)) - m
-    w = g.initializers[node.inputs[1]].astype(np.float64)
-    b = g.initializers[node.inputs[2]] if len(node.inputs) > 2 else None
-    bname = _fresh(g, f"{node.name}.b+Wm")
-    wm = w.reshape(len(w), -1) if device_w is None else device_w
-    g.initializers[bname] = fold_offset(wm, b, m).astype(np.float32)
-    node.inputs[2:] = [bname]
     for nd in new:
         ref[nd.outputs[0]] = _node_value(nd, g, ref)
         if qvals is not None:
             qvals[nd.outputs[0]] = _f16(_node_value(nd, g, qvals))
     return new[0].name
+
+
+def _sequence_source(g: Graph, x: str):
+    """``(chain, src)`` for an offset op before a recurrent layer reading ``x``: ``src``
+    the nearest tensor back through ``View`` / ``Flatten`` nodes with a channel axis
+    (axis 1 not the batch axis: an ``Affine`` needs one; a time-major sequence has the
+    batch there), ``chain`` the nodes from it to ``x``; None when there is none."""
+    def channels(name):
+        shape = g.tensors[name].shape
+        return len(shape) > 1 and shape[1] is not None
+    chain, src = [], x
+    while not channels(src):
+        p = g.producer(src)
+        if p is None or p.op not in ("Flatten", "View"):
+            return None
+        chain.insert(0, p)
+        src = p.inputs[0]
+    return chain, src
 
 
 def _fold(g: Graph, prev, node, m: float, device_w: np.ndarray | None = None) -> None:

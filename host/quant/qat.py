@@ -110,6 +110,15 @@ def _flatten_source(graph, name):
     return None
 
 
+def _feeds_recurrent(graph, node) -> bool:
+    """Whether ``node``'s result reaches an LSTM / GRU's input through views only."""
+    for reader in graph.consumers(node.outputs[0]):
+        if reader.op in _RECURRENT or (reader.op in ("View", "Flatten")
+                                       and _feeds_recurrent(graph, reader)):
+            return True
+    return False
+
+
 def _view(a, src, out_shape, dst):
     """An IR ``View`` / ``Flatten``: the same elements per batch row in the same order,
     the batch axis (None in the IR shapes ``src``, ``dst``) moving to its new place."""
@@ -128,6 +137,8 @@ class DeviceModule(torch.nn.Module):
     ``config`` the build (NpuConfig, parse_config text or None); ``start`` the input
     exponents to begin with where a layer has none: ``"dynamic"`` (keep dynamic) or
     ``"default"`` (static, at the device's power-on ``Q_EXPONENT``, e = 0).
+    An ``Affine`` whose result a recurrent layer reads (calibration's input offset) is
+    not trained: the device runs it as one constant subtraction only.
     ``latent_from``: None, or the graph ``graph`` was calibrated from; its recurrent
     layers' float weights are where the latent weights of the calibrated ``W`` and
     ``R`` start, within their rounding cells (:meth:`_latent_from`).
@@ -157,7 +168,11 @@ class DeviceModule(torch.nn.Module):
                     if i in _RECURRENT.get(node.op, ()):
                         self.states[f"{key}__{i}"] = value
                     else:
-                        self.weights[f"{key}__{i}"] = torch.nn.Parameter(value)
+                        # An input offset before a recurrent layer stays as calibrated:
+                        # the device subtracts one constant there (lower._input_shift).
+                        self.weights[f"{key}__{i}"] = torch.nn.Parameter(
+                            value, requires_grad=not (node.op == "Affine" and
+                                                      _feeds_recurrent(graph, node)))
             quant = node.attrs.get("quant") or {}
             if node.op in _RECURRENT:
                 # Two quantizers (the products on x and on h), two matrices (W, R).

@@ -536,7 +536,8 @@ def test_reference_of_a_cnn_is_onnxruntimes():
 @pytest.mark.parametrize("model", ["lstm", "gru"])
 def test_recurrent_layers_are_calibrated(model):
     """``calibrate_graph`` calibrates the zoo LSTM / GRU (``docs/calibration.md`` section
-    8): a record per recurrent layer, W's and R's calibrated values on the grid of their
+    8): a record per recurrent layer, the input offset placed before it (pixels in
+    [0, 1]), W's and R's calibrated values on the grid of their
     block exponents (decoded by the tests' own quantizer) and not all nearest-rounded,
     the device's MRF words those values, the compiled network given its settings
     (``Q_STATIC`` / dynamic as chosen), and at 3 bits, held-out accuracy above the
@@ -560,9 +561,16 @@ def test_recurrent_layers_are_calibrated(model):
         np.testing.assert_array_equal(quantize_ref(w, per_value, 3), w)
         w0 = graph.initializers[orig.inputs[i]].astype(np.float16).astype(np.float64)
         assert not np.array_equal(quantize_ref(w0, per_value, 3), w)
-    # Dynamic exponents beat every static one on pixels in [0, 1] and h in (-1, 1).
-    assert q["input_exponent"] is None and q["state_exponent"] is None
-    assert rec["input"]["mode"] == rec["state"]["mode"] == "dynamic"
+    # Pixels in [0, 1]: an input offset is subtracted by an Affine the layer reads
+    # (through the transpose); a dynamic exponent beats every static one on h in (-1, 1).
+    off = rec["offset"]
+    assert off["applied"] and 0.25 < off["value"] < 0.75, off
+    (op,) = [nd for nd in g.nodes if nd.name == off["op"]]
+    assert op.op == "Affine" and g.initializers[op.inputs[2]].tolist() == \
+        [-off["value"]] * len(g.initializers[op.inputs[2]])
+    assert g.producer(node.inputs[0]).inputs[0] == op.outputs[0]
+    assert q["state_exponent"] is None and rec["state"]["mode"] == "dynamic"
+    assert rec["input"]["mode"] == ("dynamic" if q["input_exponent"] is None else "static")
     net = compile_graph(g, build)
     acc = (net.run(entry.x_test).argmax(1) == entry.y_test).mean()
     plain = (compile_onnx(entry.onnx, build).run(entry.x_test).argmax(1) == entry.y_test).mean()

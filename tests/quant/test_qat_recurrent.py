@@ -217,6 +217,85 @@ def test_recurrent_static_and_block_exponents_run_as_the_module_computes(op, kw)
     np.testing.assert_array_equal(compile_graph(again, build).run(x), got)
 
 
+@pytest.mark.parametrize("op, kw", [               # batch first (the zoo's: a transpose)
+    ("GRU", {"lbr": 1, "layout": 1}),
+    ("GRU", {"lbr": 0, "layout": 1}),
+    ("LSTM", {"layers": 2, "layout": 1}),               # only the first layer reads x
+    ("LSTM", {"states": True, "y_h": True, "layout": 1}),
+])
+def test_recurrent_input_offset_runs_as_the_module_computes(op, kw, monkeypatch):
+    """Calibration's input offset on a recurrent layer's x (inputs in [0, 1], 3 bits):
+    an ``Affine`` subtracts it before the layer and the gates' biases carry ``W m``; the
+    compiled network (each step's copy of x adds ``-m``) equals the module bit for bit,
+    with the products stacked and separate, and through the export and the quantization
+    file (QAT leaves the offset as calibrated). Without the device's add the outputs
+    differ."""
+    model, x = _rnn_onnx(op, **kw)
+    x = (x + 1) / 2                                     # in [0, 1]
+    build = "n=8,tiles=1,mantissa_bits_v=3,mantissa_bits_w=3"
+    graph, records = calibrate_graph(import_onnx(model), build, x)[:2]
+    first = next(r for r in records if r.get("recurrent"))
+    assert first["offset"]["applied"], first["offset"]
+    later = [r for r in records if r.get("recurrent")][1:]
+    assert all(not r["offset"]["applied"] for r in later)
+    mod = DeviceModule(graph, build)
+    with torch.no_grad():
+        got = mod(torch.from_numpy(x)).numpy()
+    np.testing.assert_array_equal(compile_graph(graph, build).run(x), got)
+    (affine,) = [nd for nd in graph.nodes if nd.name == first["offset"]["op"]]
+    shift = mod.weights[f"{DeviceModule._key(affine)}__2"]
+    assert not shift.requires_grad
+    again = import_onnx(graph_to_onnx(mod.trained_graph()))
+    apply_quant(again, {"version": 1, "layers": mod.settings()})
+    np.testing.assert_array_equal(compile_graph(again, build).run(x), got)
+    for nd in graph.nodes:
+        nd.attrs["quantize_once"] = False
+    np.testing.assert_array_equal(compile_graph(graph, build).run(x), got)
+    # The device without the add: the products read x itself.
+    from host.compiler import lower_rnn
+    make = lower_rnn._make
+    monkeypatch.setattr(lower_rnn, "_make", lambda layer, *a: make(
+        dict(layer, x_shift=None), *a))
+    assert not np.array_equal(compile_graph(graph, build).run(x), got)
+
+
+def test_no_offset_where_no_affine_fits():
+    """A time-major sequence that is the network's input has the batch on axis 1, where
+    an ``Affine`` has its channels: the offset is not placed, and the record says why."""
+    model, x = _rnn_onnx("GRU")
+    graph, records = calibrate_graph(import_onnx(model), "n=8,tiles=1,mantissa_bits_v=3",
+                                     (x + 1) / 2)[:2]
+    (rec,) = [r for r in records if r.get("recurrent")]
+    assert not rec["offset"]["applied"] and "channel axis" in rec["offset"]["why"]
+    assert not any(nd.op == "Affine" for nd in graph.nodes)
+
+
+def test_recurrent_layer_after_other_affine_ops_is_refused():
+    """Only an offset (scale 1, one constant) before a first recurrent layer compiles;
+    a scale, or shifts that differ, are refused naming the layer; so is a malformed
+    ``x_shift`` given to the layer builder."""
+    from host.compiler.layers import CompileError
+    from host.compiler.programs import _check_rnn_quant
+    model, x = _rnn_onnx("GRU", layout=1)
+    graph = import_onnx(model)
+    (rnn,) = [nd for nd in graph.nodes if nd.op == "GRU"]
+    steps = graph.tensors[rnn.inputs[0]].shape[1]
+    for scale, shift in ((np.full(steps, 2.0), np.full(steps, -0.5)),
+                         (np.ones(steps), np.linspace(-0.5, 0.5, steps))):
+        g = import_onnx(model)
+        from host.compiler.ir import Node
+        g.initializers["s"], g.initializers["t"] = (a.astype(np.float32) for a in (scale, shift))
+        g.add_tensor("x-m", g.tensors["x"].shape, g.tensors["x"].dtype)
+        g.nodes.insert(0, Node("offset", "Affine", ["x", "s", "t"], ["x-m"]))
+        (r,) = [nd for nd in g.nodes if nd.op == "GRU"]
+        r.inputs[0] = "x-m"
+        with pytest.raises(CompileError, match="GRU.*must be the network's first layer"):
+            compile_graph(g, "n=8,tiles=1")
+    for bad in (0.0, 0.1, float("nan"), "0.5"):
+        with pytest.raises(ValueError, match="quant\\['x_shift'\\] must be a nonzero FP16"):
+            _check_rnn_quant({"x_shift": bad})
+
+
 def test_recurrent_settings_in_the_quant_file_are_checked():
     graph, _, _, _ = _zoo("gru")
     dynamic = {"input_exponent": None, "weight_exponents": None, "offset": None}
