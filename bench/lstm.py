@@ -44,8 +44,9 @@ SEED = 1
 
 
 def lstm_config(n: int = N, tiles: int = TILES, x_len: int = INPUT, h_len: int = HIDDEN,
-                steps: int = STEPS) -> NpuConfig:
-    """The smallest core build that runs :func:`host.compiler.programs.lstm_sequence`.
+                steps: int = STEPS, lanes: int | None = None) -> NpuConfig:
+    """The smallest core build that runs :func:`host.compiler.programs.lstm_sequence`,
+    its MFU side ``lanes`` wide (None: ``n``; ``docs/mfu.md`` section 3).
 
     Sizes are in elements (``x_len``, ``h_len``) and time steps; every depth is derived
     from the placement ``lstm_sequence`` makes: the MRF holds the four ``W`` (``H x X``)
@@ -64,7 +65,8 @@ def lstm_config(n: int = N, tiles: int = TILES, x_len: int = INPUT, h_len: int =
 
     xt, ht = -(-x_len // n), -(-h_len // n)
     max_length = 1 << (max(xt, ht) - 1).bit_length()          # a power of two >= both
-    base = dict(n=n, tiles=tiles, max_col_tiles=max(xt, ht), max_length=max_length,
+    base = dict(n=n, tiles=tiles, lanes=lanes, max_col_tiles=max(xt, ht),
+                max_length=max_length,
                 unary_ops=("sigmoid", "tanh"), ivrf_depth=2 * xt + ht,
                 vrf_depth=4 * ht + 2 * 4 * ht, netq_depth=max(steps * xt, steps * ht))
     probe = NpuConfig(**base, program_depth=1 << 20)
@@ -121,7 +123,7 @@ def _test_build(name: str) -> NpuConfig:
     import importlib.util
     from sim.runner import REPO_ROOT
     spec = importlib.util.spec_from_file_location(
-        "_test_npu_hw", REPO_ROOT / "tests" / "test_npu_hw.py")
+        "_test_npu_hw", REPO_ROOT / "tests" / "hw" / "test_npu_hw.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.ALL_BUILDS[name]
@@ -151,28 +153,35 @@ def timing_programs(build: str = "n8t1", *, x_len: int = 21, h_len: int = 13,
 
 
 def run():
-    """LSTM 256/256 on the N=16, T=2 core (Verilator): cycles per step, utilization, prediction."""
-    cfg = lstm_config()
-    m = simulate(cfg, x_len=INPUT, h_len=HIDDEN, steps=STEPS)
+    """LSTM 256/256 on the N=16, T=2 core (Verilator): cycles per step, utilization, prediction.
+
+    ``BENCH_LSTM_LANES`` (e.g. ``4``) builds the core's MFU side that many lanes wide; the
+    records' names then say so."""
+    lanes = int(os.environ["BENCH_LSTM_LANES"]) if os.environ.get("BENCH_LSTM_LANES") \
+        else None
+    cfg = lstm_config(lanes=lanes)
+    m = simulate(cfg, x_len=INPUT, h_len=HIDDEN, steps=STEPS,
+                 name="npu_lstm" if cfg.lanes == cfg.n else f"npu_lstm_l{cfg.lanes}")
     # Steady state: the last step has no next-step input products, so it is left out.
     h = m["h_cycles"]
     per_step = (h[-2] - h[0]) / (len(h) - 2)
     macs = 4 * (HIDDEN * INPUT + HIDDEN * HIDDEN)
     config = {"design": "hw.core.npu.NpuCore", "n": cfg.n, "tiles": cfg.tiles,
-              "mrf_depth": cfg.mrf_depth, "input": INPUT, "hidden": HIDDEN,
+              "lanes": cfg.lanes, "mrf_depth": cfg.mrf_depth, "input": INPUT, "hidden": HIDDEN,
               "steps": STEPS, "batch": 1, "simulator": "verilator", "opt_fast": "-O0",
               "useful_macs_per_step": macs}
     error = 100 * (m["predicted"] - m["cycles"]) / m["cycles"]
+    at = "" if cfg.lanes == cfg.n else f", lanes {cfg.lanes}"
     return [
-        {"name": "lstm cycles per step", "value": round(per_step, 1), "unit": "cycles",
+        {"name": f"lstm cycles per step{at}", "value": round(per_step, 1), "unit": "cycles",
          "config": config},
-        {"name": "lstm utilization",
+        {"name": f"lstm utilization{at}",
          "value": round(100 * macs / (cfg.macs_per_cycle * per_step), 1), "unit": "%",
          "config": config},
-        {"name": "lstm cycles", "value": m["cycles"], "unit": "cycles", "config": config},
-        {"name": "lstm predicted cycles", "value": m["predicted"], "unit": "cycles",
+        {"name": f"lstm cycles{at}", "value": m["cycles"], "unit": "cycles", "config": config},
+        {"name": f"lstm predicted cycles{at}", "value": m["predicted"], "unit": "cycles",
          "config": config},
-        {"name": "lstm prediction error", "value": round(error, 1), "unit": "%",
+        {"name": f"lstm prediction error{at}", "value": round(error, 1), "unit": "%",
          "config": config},
     ] + [
         {"name": f"npu n8t1 {what} prediction error",

@@ -5,7 +5,8 @@
 * ``--sim {verilator,icarus,all}`` (default ``all``) selects the HDL simulators.
   Any test that takes a ``simulator`` argument is parametrized over the selected
   simulators (ids ``verilator`` / ``icarus``) and marked ``sim``, so ``-m sim`` selects
-  exactly the simulator tests and ``-m "not sim"`` the pure-Python ones.
+  exactly the simulator tests and ``-m "not sim"`` the pure-Python ones; a test marked
+  ``@pytest.mark.simulators("verilator")`` only over those of its names selected.
 * Runs the ``sim`` tests first (see ``pytest_collection_modifyitems``).
 """
 
@@ -37,6 +38,9 @@ def pytest_generate_tests(metafunc):
         return
     choice = metafunc.config.getoption("--sim")
     selected = SIMULATORS if choice == "all" else (choice,)
+    only = metafunc.definition.get_closest_marker("simulators")
+    if only is not None:            # e.g. a test that carries one simulator build only
+        selected = tuple(sim for sim in selected if sim in only.args)
     # The mark goes on each parameter set: marks added to metafunc.definition here
     # would not reach the generated items reliably.
     metafunc.parametrize(

@@ -99,13 +99,12 @@ def _digests(build, simulator, path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.simulators("verilator")
 def test_lanes_identical(simulator, tmp_path):
     """Results do not depend on ``lanes``: the same programs on ``n8t1`` at ``lanes`` 4
     and at ``lanes`` = n = 8 give the same outputs, memories, counters, error and ``pc``
     as each other and as the model (digests, ``sim/test_npu.py``; cycles may differ).
     Verilator only: it carries the extra build of ``n8t1l8``."""
-    if simulator != "verilator":
-        pytest.skip("one extra build: Verilator only")
     if "n8t1" not in BUILDS:
         pytest.skip("NPU_BUILDS leaves n8t1 out")
     wide = ALL_BUILDS["n8t1l8"]
