@@ -155,13 +155,17 @@ def timing_programs(build: str = "n8t1", *, x_len: int = 21, h_len: int = 13,
 def run():
     """LSTM 256/256 on the N=16, T=2 core (Verilator): cycles per step, utilization, prediction.
 
-    ``BENCH_LSTM_LANES`` (e.g. ``4``) builds the core's MFU side that many lanes wide; the
-    records' names then say so."""
+    ``BENCH_LSTM_LANES`` (e.g. ``4``) builds the core's MFU side that many lanes wide,
+    ``BENCH_LSTM_TILES`` (e.g. ``1``) the MVM with that many tile engines; the records'
+    names then say so."""
     lanes = int(os.environ["BENCH_LSTM_LANES"]) if os.environ.get("BENCH_LSTM_LANES") \
         else None
-    cfg = lstm_config(lanes=lanes)
+    tiles = int(os.environ.get("BENCH_LSTM_TILES") or TILES)
+    cfg = lstm_config(tiles=tiles, lanes=lanes)
+    at = ("" if cfg.lanes == cfg.n else f", lanes {cfg.lanes}") + \
+        ("" if tiles == TILES else f", tiles {tiles}")
     m = simulate(cfg, x_len=INPUT, h_len=HIDDEN, steps=STEPS,
-                 name="npu_lstm" if cfg.lanes == cfg.n else f"npu_lstm_l{cfg.lanes}")
+                 name="npu_lstm" + at.replace(", ", "_").replace(" ", ""))
     # Steady state: the last step has no next-step input products, so it is left out.
     h = m["h_cycles"]
     per_step = (h[-2] - h[0]) / (len(h) - 2)
@@ -171,7 +175,6 @@ def run():
               "steps": STEPS, "batch": 1, "simulator": "verilator", "opt_fast": "-O0",
               "useful_macs_per_step": macs}
     error = 100 * (m["predicted"] - m["cycles"]) / m["cycles"]
-    at = "" if cfg.lanes == cfg.n else f", lanes {cfg.lanes}"
     return [
         {"name": f"lstm cycles per step{at}", "value": round(per_step, 1), "unit": "cycles",
          "config": config},
