@@ -376,35 +376,61 @@ class NpuCore(wiring.Component):
         prog_rp = program.read_port(domain="sync", transparent_for=())
         prog_len = Signal(range(c.program_depth + 1))
 
-        # Space -> (banks, depth): the IVRF and the copies of the MFU VRFs (_vector_banks);
-        # one read and one write port per bank.
-        vmem = {Space.IVRF.value: (_vector_banks(m, "ivrf", c, c.ivrf_depth), c.ivrf_depth)}
-        for k in vrf_built:
-            vmem[_vrf_space(k)] = (_vector_banks(m, f"vrf{k}", c, c.vrf_depth), c.vrf_depth)
-        rports = {s: [mem.read_port(domain="sync", transparent_for=()) for mem in banks]
-                  for s, (banks, _) in vmem.items()}
-        wports = {s: [mem.write_port() for mem in banks] for s, (banks, _) in vmem.items()}
-        # Each space's read data, a native vector (the banks side by side).
-        rdata = {s: ports[0].data if beats == 1
-                 else data.View(vec, Cat(*(rp.data for rp in ports)))
-                 for s, ports in rports.items()}
-        # Shared read address/enable, and the write bus: a vector address, the beat
-        # (wr_beat, lanes < n only) and one beat of data, into bank wr_beat of a space.
+        # Shared read address/enable (and the space read), and the write bus: a vector
+        # address, the beat (wr_beat, lanes < n only) and one beat of data, into bank
+        # wr_beat of a space.
         rd_addr = Signal(a_bits)
+        rd_space_now = Signal(4)      # the space of the read issued this cycle
         rd_en = Signal()
         wr_addr = Signal(a_bits)
         wr_data = Signal(beat)
         wr_space = Signal(4)
         wr_en = Signal()
         wr_beat = Signal(c.beat_bits) if beats > 1 else None
-        for s, ports in rports.items():
-            for rp in ports:
-                m.d.comb += [rp.addr.eq(rd_addr), rp.en.eq(rd_en)]
-        for s, ports in wports.items():
-            for b, wp in enumerate(ports):
-                en = wr_en & (wr_space == s)
-                m.d.comb += [wp.addr.eq(wr_addr), wp.data.eq(wr_data),
+
+        # The vector memories (_vector_banks): the IVRF, and the copies of the MFU VRFs in
+        # one memory, VRF slot j (the j-th built) at addresses j << v_bits. The reader
+        # reads one space a cycle and the write bus writes one, so one read and one write
+        # port per bank serve every copy; a memory per copy only multiplied block RAM (at
+        # N = 16 each 64-bit bank took two mostly empty DP16KD; issue 36 item 3).
+        v_bits = ceil_log2(c.vrf_depth)
+        slot_bits = ceil_log2(len(vrf_built))
+
+        def copy_addr(space, addr, name):
+            a = Signal(v_bits + slot_bits, name=name)
+            m.d.comb += a.eq(addr[:v_bits])
+            with m.Switch(_raw(space)):
+                for j, k in enumerate(vrf_built[1:], 1):
+                    with m.Case(_vrf_space(k)):
+                        m.d.comb += a.eq(Cat(addr[:v_bits], Const(j, slot_bits)))
+            return a
+
+        mems = {"ivrf": (_vector_banks(m, "ivrf", c, c.ivrf_depth), rd_addr, wr_addr,
+                         wr_space == Space.IVRF.value)}
+        if vrf_built:
+            mems["vrf"] = (_vector_banks(m, "vrf_copies", c, len(vrf_built) << v_bits),
+                           copy_addr(rd_space_now, rd_addr, "copy_rd_addr"),
+                           copy_addr(wr_space, wr_addr, "copy_wr_addr"),
+                           _any([wr_space == _vrf_space(k) for k in vrf_built]))
+        mem_data = {}
+        for key, (banks, raddr, waddr, wsel) in mems.items():
+            ports = []
+            for b, mem in enumerate(banks):
+                rp = mem.read_port(domain="sync", transparent_for=())
+                wp = mem.write_port()
+                en = wr_en & wsel
+                m.d.comb += [rp.addr.eq(raddr), rp.en.eq(rd_en),
+                             wp.addr.eq(waddr), wp.data.eq(wr_data),
                              wp.en.eq(en if beats == 1 else en & (wr_beat == b))]
+                ports.append(rp)
+            # The memory's read data, a native vector (the banks side by side).
+            mem_data[key] = (ports[0].data if beats == 1
+                             else data.View(vec, Cat(*(rp.data for rp in ports))))
+        # Each space's read data.
+        rdata = {Space.IVRF.value: mem_data["ivrf"]}
+        rdata.update({_vrf_space(k): mem_data["vrf"] for k in vrf_built})
+        # The spaces each memory holds.
+        mem_spaces = {"ivrf": [Space.IVRF.value], "vrf": [_vrf_space(k) for k in vrf_built]}
         # The MFU VRFs (inside the pipeline) get every VRF write too, at the beat address.
         vw = data.View(vrf_write_layout(mcfg), mfu.vrf_w.payload)
         m.d.comb += [
@@ -417,7 +443,7 @@ class NpuCore(wiring.Component):
         rd_space_q = Signal(4)        # space of the read issued last cycle
         rd_data = Signal(vec)
         with m.Switch(rd_space_q):
-            for s in rports:
+            for s in rdata:
                 with m.Case(s):
                     m.d.comb += rd_data.eq(rdata[s])
 
@@ -1192,18 +1218,19 @@ class NpuCore(wiring.Component):
         m.d.comb += inq.r_en.eq(vector_step & is_netq)
         m.d.sync += [p_valid.eq(step), p_to_mvm.eq(r_cfg.to_mvm), p_q.eq(inq.r_data)]
         # Each lane's source in the buffer write, registered with the read: the vector
-        # memory read (its space), the input queue, or none (0: lanes past COLS in each
+        # memory read (the IVRF or the VRF copies), the input queue, or none (0: lanes past COLS in each
         # pixel's last vector do not enter the MVM). One-hot, so that a block RAM's
         # output meets an AND-OR instead of multiplexers in series (issue 36, timing).
         p_from_q = Signal(n)
-        p_from = {s: Signal(n, name=f"p_from{s}") for s in rports}
+        p_from = {key: Signal(n, name=f"p_from_{key}") for key in mem_data}
         for i in range(n):
             keep = ~(r_cfg.to_mvm & (r_k == r_cfg.pix - 1) & (r_cfg.lanes_cols <= i))
             m.d.sync += p_from_q[i].eq(is_netq & keep)
-            for s in rports:
-                m.d.sync += p_from[s][i].eq(~is_netq & (_raw(r_cfg.space) == s) & keep)
+            for key in mem_data:
+                held = _any([_raw(r_cfg.space) == s for s in mem_spaces[key]])
+                m.d.sync += p_from[key][i].eq(~is_netq & held & keep)
         with m.If(step & ~is_netq):
-            m.d.comb += [rd_addr.eq(r_pixel + r_k), rd_en.eq(1)]
+            m.d.comb += [rd_addr.eq(r_pixel + r_k), rd_space_now.eq(r_cfg.space), rd_en.eq(1)]
             m.d.sync += rd_space_q.eq(r_cfg.space)
         with m.If(vector_step):
             with m.If(r_k != r_cfg.pix - 1):
@@ -1222,8 +1249,8 @@ class NpuCore(wiring.Component):
         p_vec = Signal(vec)
         for i in range(n):
             lane = Mux(p_from_q[i], p_q[i], 0)
-            for s in rports:
-                lane = lane | Mux(p_from[s][i], rdata[s][i], 0)
+            for key, d in mem_data.items():
+                lane = lane | Mux(p_from[key][i], d[i], 0)
             m.d.comb += p_vec[i].eq(lane)
         p_direct = _beat_select(c, p_vec.as_value(), p_beat)
         m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
@@ -1231,7 +1258,8 @@ class NpuCore(wiring.Component):
 
         # Host memory access shares the ports while no program runs.
         with m.If(~running):
-            m.d.comb += [rd_addr.eq(host_rd_addr), rd_en.eq(host_rd_en)]
+            m.d.comb += [rd_addr.eq(host_rd_addr), rd_space_now.eq(host_rd_space),
+                         rd_en.eq(host_rd_en)]
             with m.If(host_rd_en):
                 m.d.sync += rd_space_q.eq(host_rd_space)
             if beats == 1:
