@@ -443,9 +443,9 @@ class NpuCore(wiring.Component):
         rd_space_q = Signal(4)        # space of the read issued last cycle
         rd_data = Signal(vec)
         with m.Switch(rd_space_q):
-            for s in rdata:
+            for s, d in rdata.items():
                 with m.Case(s):
-                    m.d.comb += rd_data.eq(rdata[s])
+                    m.d.comb += rd_data.eq(d)
 
         def space_exists(space):
             return vector_space_exists(c, space)
