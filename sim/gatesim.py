@@ -80,6 +80,7 @@ def yosys_script(name: str = NAME) -> list[str]:
     from hw.board.board import build_overrides
     ov = build_overrides(name)
     return [f"read_rtlil {name}.il",
+            ov["script_after_read"],
             f"synth_ecp5 {ov['synth_opts']} -top {name}",
             ov["script_after_synth"],
             "tee -o stat.txt stat",

@@ -327,12 +327,25 @@ class NpuConfig(MvmConfig):
         return self.max_length * self.n
 
 
-#: Named build configurations: ``default`` is ``NpuConfig()``; ``ulx3s`` is what
-#: ``make bitstream`` builds for the ULX3S-85F by default (N = 4, T = 1, every other field
-#: the default). :func:`parse_config` takes their names.
+#: Named build configurations (:func:`parse_config` takes their names):
+#:
+#: * ``default``: ``NpuConfig()``.
+#: * ``ulx3s``: what ``make bitstream`` builds for the ULX3S-85F by default, N = 16, T = 1
+#:   (256 MACs a cycle), its MFU side 2 lanes wide, the narrow-accumulator check off, the
+#:   MFUs' units ADDSUB, MUL and ACT then all four (REDUCE only in the last), and memory
+#:   depths that fit the LFE5U-85F's 208 block RAMs (206 used) while holding an LSTM with
+#:   input and hidden size 256 (the MRF's 2048 tiles, AddSubVrf 0's 176 vectors of
+#:   constants and scratch for the compiled layer, 192 for ``lstm_sequence``, whose 10 steps
+#:   take 563 program words). Why each value: ``docs/link-hw.md`` section 5.
+#: * ``ulx3s_n4``: the board build before it, N = 4, T = 1, every other field the default
+#:   (its studies and the link's simulations use it: ``bench/core_fpga.py``,
+#:   ``bench/link_fpga.py``).
 PRESETS = {
     "default": {},
-    "ulx3s": {"n": 4, "tiles": 1},
+    "ulx3s": {"n": 16, "tiles": 1, "lanes": 2, "narrow_check": False, "mrf_depth": 2048,
+              "vrf_depth": 192, "ivrf_depth": 512, "program_depth": 1024,
+              "unit_sets": "addsub+mul+act/all"},
+    "ulx3s_n4": {"n": 4, "tiles": 1},
 }
 
 

@@ -26,17 +26,22 @@ from hw.core.npu import NpuCore
 from hw.link.link import NpuLink
 from hw.link.uart import UartRx, UartTx, divisor_for
 from hw.ram import yosys_collision_commands
+from hw.synth import ECP5_CELLS, SYNTH_ECP5_OPTS, booth_commands
 
-__all__ = ["DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ", "BuildArgs", "NpuBoard",
+__all__ = ["BOARD_CLK_HZ", "DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ", "BuildArgs", "NpuBoard",
            "SimBoard", "ULX3STop", "build_overrides", "main", "parse_args", "parse_build_args",
            "truncate_cycles_for", "ulx3s_pll"]
 
 #: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
 #: which the FT231X also does, would be 4 % off with 8 cycles per bit).
 DEFAULT_BAUD = 1_000_000
-#: The ULX3S's oscillator (``clk25``, pin G2), Hz: the clock without ``--clk-mhz`` and the
-#: PLL's input with it.
+#: The ULX3S's oscillator (``clk25``, pin G2), Hz: the PLL's input, and the clock itself
+#: with ``--oscillator``.
 ULX3S_CLK_HZ = 25_000_000
+#: The core clock ``make bitstream`` makes with the PLL without ``--clk-mhz``, Hz: what
+#: the ``ulx3s`` build meets with a margin (its place and route reached 43.6 MHz at the
+#: flow's seed; ``docs/link-hw.md`` section 5). 40 cycles per bit at 1 Mbaud, exact.
+BOARD_CLK_HZ = 40_000_000
 #: Bytes the UART board buffers while the link executes a request or sends a reply:
 #: the requests of a few streaming jobs (``Device.stream`` keeps ``window`` in flight).
 RX_FIFO_DEPTH = 8192
@@ -252,8 +257,9 @@ def ulx3s_pll(clk_hz: int, baud: int = DEFAULT_BAUD) -> PllParams:
 
 
 #: The build ``make bitstream`` (``python -m hw.board``) makes without ``--config``: preset
-#: ``ulx3s``, N = 4, T = 1. It uses 67 % of the LFE5U-85F's logic; N = 8, T = 1 with the
-#: other defaults needs 107 % and does not fit (``docs/link-hw.md`` section 5).
+#: ``ulx3s``, N = 16, T = 1 (256 MACs a cycle) with 2-lane MFUs, the narrow check off and
+#: depths that fit the LFE5U-85F's block RAM (``host.spec.config.PRESETS``; its figures in
+#: ``docs/link-hw.md`` section 5). Before lanes, N = 4 was the largest that fitted.
 ULX3S_CONFIG = PRESETS["ulx3s"]
 
 
@@ -264,17 +270,25 @@ REPORT = "report.json"
 
 def build_overrides(name):
     """Overrides of Amaranth's ECP5 build (``platform.prepare(..., **build_overrides(name))``)
-    for the top named ``name``: ``synth_ecp5`` stops before ``map_ram`` so that the
-    memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF, the vector buffer) get
-    no logic for reads that collide with a write, then finishes (``hw.ram``); nextpnr
-    writes its report to :data:`REPORT` (Amaranth's flow asks for none).
+    for the top named ``name``, the recipe of :mod:`hw.synth` that the place-and-route
+    benches use too: after the RTLIL is read, the ECP5 cell library (:data:`hw.synth.ECP5_CELLS`:
+    the I/O buffers, the PLL, the DSPs the design instantiates) and the Booth commands (narrow products in LUTs: the N = 16 build's MVM would otherwise ask
+    for 291 MULT18X18D of 156); ``synth_ecp5`` with ``-nowidelut``, stopped before
+    ``map_ram`` so that the memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF,
+    the vector buffer) get no logic for reads that collide with a write, then finished
+    (``hw.ram``); nextpnr writes its report to :data:`REPORT` (Amaranth's flow asks for
+    none).
 
-    Returns a ``dict`` of ``synth_opts``, ``script_after_synth`` and ``nextpnr_opts``.
+    Returns a ``dict`` of ``script_after_read``, ``synth_opts``, ``script_after_synth``
+    and ``nextpnr_opts``.
     """
+    opts = " ".join(SYNTH_ECP5_OPTS)
     return {
-        "synth_opts": "-run begin:map_ram",
+        "script_after_read": "\n".join(
+            [ECP5_CELLS, *booth_commands(name)]),
+        "synth_opts": f"{opts} -run begin:map_ram",
         "script_after_synth": "\n".join(
-            [*yosys_collision_commands(), f"synth_ecp5 -top {name} -run map_ram:"]),
+            [*yosys_collision_commands(), f"synth_ecp5 {opts} -top {name} -run map_ram:"]),
         "nextpnr_opts": f"--report {REPORT}",
     }
 
@@ -309,9 +323,9 @@ def parse_build_args(argv=None) -> BuildArgs:
 
     ``--config`` takes a build as ``host.spec.config.parse_config`` does (a preset name,
     ``KEY=VALUE`` fields) on top of preset ``ulx3s``; ``--clk-mhz F`` clocks the design at
-    ``F`` MHz from the PLL (:func:`ulx3s_pll`; default: none, the 25 MHz oscillator
-    directly). A bad value exits with a message that names it (``argparse`` error,
-    status 2).
+    ``F`` MHz from the PLL (:func:`ulx3s_pll`; default :data:`BOARD_CLK_HZ`),
+    ``--oscillator`` from the 25 MHz oscillator directly, without the PLL. A bad value
+    exits with a message that names it (``argparse`` error, status 2).
     """
     import argparse
 
@@ -321,23 +335,28 @@ def parse_build_args(argv=None) -> BuildArgs:
                              "(default: preset ulx3s, " + ",".join(
                                  f"{k}={v}" for k, v in ULX3S_CONFIG.items()) + ")")
     parser.add_argument("--baud", type=int, default=DEFAULT_BAUD)
-    parser.add_argument("--clk-mhz", type=_mhz_to_hz, default=None, metavar="F",
-                        help="core clock in MHz from the ECP5 PLL, e.g. 100 (default: the "
-                             "board's 25 MHz oscillator directly; the core does not meet "
-                             "much more than 28 MHz yet, issue 36)")
+    clock = parser.add_mutually_exclusive_group()
+    clock.add_argument("--clk-mhz", type=_mhz_to_hz, default=None, metavar="F",
+                       help=f"core clock in MHz from the ECP5 PLL, e.g. 50 (default: "
+                            f"{BOARD_CLK_HZ / 1e6:g}, what the default build meets; the "
+                            f"100 MHz of issue 36 is not met yet)")
+    clock.add_argument("--oscillator", action="store_true",
+                       help="clock the core from the board's 25 MHz oscillator directly, "
+                            "without the PLL")
     parser.add_argument("--build-dir", default="build/ulx3s")
     args = parser.parse_args(argv)
     try:
         config = parse_config(args.config, base="ulx3s")
     except ValueError as e:
         parser.error(f"--config: {e}")
-    pll = None
-    if args.clk_mhz is not None:
-        try:
-            pll = ulx3s_pll(args.clk_mhz, args.baud)
-        except (TypeError, ValueError) as e:
-            parser.error(f"--clk-mhz: {e}")
-    return BuildArgs(config, args.baud, args.build_dir, args.clk_mhz, pll)
+    if args.oscillator:
+        return BuildArgs(config, args.baud, args.build_dir, None, None)
+    clk_hz = BOARD_CLK_HZ if args.clk_mhz is None else args.clk_mhz
+    try:
+        pll = ulx3s_pll(clk_hz, args.baud)
+    except (TypeError, ValueError) as e:
+        parser.error(f"--clk-mhz: {e}")
+    return BuildArgs(config, args.baud, args.build_dir, clk_hz, pll)
 
 
 def parse_args(argv=None):
@@ -375,7 +394,7 @@ def main(argv=None, *, out=None):
     clock = (f"clock {ULX3S_CLK_HZ / 1e6:g} MHz from the oscillator" if pll is None
              else f"clock {pll.describe()}")
     out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud, {clock}; "
-        f"the whole build takes about 30 minutes, most of it place and route")
+        f"the whole build takes about 50 minutes, most of it place and route")
     return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud, clk_hz),
                       build_dir=build_dir, name="npu", overrides=build_overrides("npu"),
                       out=out,

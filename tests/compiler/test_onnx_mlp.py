@@ -207,7 +207,7 @@ def test_property_random_mlps():
     """Seeded random MLP shapes, activations and builds: within the bound every time."""
     rng = np.random.default_rng(5)
     acts = [None, "Relu", "Sigmoid", "Tanh"]
-    builds = [(BUILD, 8), (BUILD16, 16), ("ulx3s,mantissa_bits_v=8,mantissa_bits_w=8", 4)]
+    builds = [(BUILD, 8), (BUILD16, 16), ("ulx3s_n4,mantissa_bits_v=8,mantissa_bits_w=8", 4)]
     for case in range(8):
         depth = int(rng.integers(1, 4))
         sizes = [int(s) for s in rng.integers(1, 40, depth + 1)]

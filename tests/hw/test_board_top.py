@@ -12,7 +12,7 @@ import pytest
 # fails this module at collection instead of leaving its tests unrun.
 from amaranth_boards import ulx3s
 
-from host.spec.config import NpuConfig
+from host.spec.config import NpuConfig, preset
 
 
 def _plan(config, baud=1_000_000):
@@ -57,8 +57,16 @@ def test_ulx3s_build_leaves_marked_collisions_undefined():
     synth = [i for i, line in enumerate(script) if line.startswith("synth_ecp5 ")]
     assert len(synth) == 2, script
     first, second = synth
-    assert script[first].split()[1:3] == ["-run", "begin:map_ram"], script[first]
-    assert script[second].split()[1:] == ["-top", "npu", "-run", "map_ram:"], script[second]
+    assert script[first].split()[1:4] == ["-nowidelut", "-run", "begin:map_ram"], \
+        script[first]
+    assert script[second].split()[1:] == ["-nowidelut", "-top", "npu", "-run", "map_ram:"], \
+        script[second]
+    # hw.synth's recipe, as the place-and-route benches have it: the narrow products
+    # built in LUTs before synth_ecp5 (the N = 16 MVM would ask for 291 MULT18X18D of 156).
+    from hw.synth import ECP5_CELLS, booth_commands
+    read = script.index("read_rtlil npu.il")
+    assert script[read + 1:first] == [ECP5_CELLS, *booth_commands("npu")], \
+        script[read + 1:first]
     assert script[first + 1:second] == yosys_collision_commands()
     assert script[second + 1].startswith("write_json npu.json"), script[second + 1:]
 
@@ -72,8 +80,8 @@ def test_ulx3s_top_refuses_bad_parameters():
 def test_command_line_defaults_and_overrides():
     from hw.board.board import ULX3S_CONFIG, parse_args
     config, baud, build_dir = parse_args([])
-    assert (config.n, config.tiles) == (ULX3S_CONFIG["n"], ULX3S_CONFIG["tiles"]) == (4, 1)
-    assert config.mfus == NpuConfig().mfus
+    assert (config.n, config.tiles) == (ULX3S_CONFIG["n"], ULX3S_CONFIG["tiles"]) == (16, 1)
+    assert config.mfus == NpuConfig().mfus and config == preset("ulx3s")
     config, baud, build_dir = parse_args(["--config", "n=8,max_length=0x10", "--baud",
                                           "115200", "--build-dir", "x"])
     assert (config.n, config.tiles, config.max_length) == (8, 1, 16)
@@ -84,7 +92,7 @@ def test_command_line_defaults_and_overrides():
     ("n=8,colour=3", "'colour' is not a build field"),
     ("unary_ops=3", "unary_ops='3': "),
     ("n=eight", "n must be an integer, not 'eight'"),
-    ("board9", "unknown build preset 'board9'; choose one of: default, ulx3s"),
+    ("board9", "unknown build preset 'board9'; choose one of: default, ulx3s, ulx3s_n4"),
     ("n=6", "n must be a power of two, not 6"),
 ])
 def test_command_line_errors(text, message, capsys):

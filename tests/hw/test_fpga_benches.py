@@ -44,7 +44,7 @@ def test_core_fpga_places_the_ulx3s_core(monkeypatch, seed, folder):
         monkeypatch.setenv("PNR_SEED", seed)
     records = core_fpga.run()
     (component, kwargs), = calls
-    assert isinstance(component, NpuCore) and component.config == preset("ulx3s")
+    assert isinstance(component, NpuCore) and component.config == preset("ulx3s_n4")
     assert kwargs == {"name": "core", "build_dir": BUILD_ROOT / folder,
                       "seed": 1 if seed is None else int(seed), "target_mhz": 100.0,
                       "timeout": core_fpga.TOOL_TIMEOUT_S, "keep_flops": True}
@@ -56,5 +56,5 @@ def test_core_fpga_places_the_ulx3s_core(monkeypatch, seed, folder):
     assert by_name["core block RAM"]["value"] == 4
     config = by_name["core fmax"]["config"]
     assert (config["design"], config["preset"], config["n"], config["tiles"]) == \
-        ("hw.core.npu.NpuCore", "ulx3s", 4, 1)
+        ("hw.core.npu.NpuCore", "ulx3s_n4", 4, 1)
     assert config["target_mhz"] == 100.0 and config["keep_flops"] is True

@@ -232,3 +232,19 @@ def test_bench_seed_from_the_environment():
 def test_bench_seed_rejects(text):
     with pytest.raises(ValueError, match=f"PNR_SEED must be a positive integer, not '{text}'"):
         bench_seed({"PNR_SEED": text})
+
+
+def test_booth_commands_are_every_flows():
+    """One recipe (``hw.synth``): the benches' script and the board's overrides both hold
+    the Booth commands, and a bad width is refused naming it."""
+    from bench.fpga import _yosys_script
+    from hw.board.board import build_overrides
+    from hw.synth import booth_commands
+    cmds = booth_commands("top", 8)
+    assert cmds[0] == "hierarchy -check -top top" and cmds.count("booth @lutmul") == 2
+    assert "r:A_WIDTH<=8" in cmds[5] and "r:B_WIDTH<=8" in cmds[5]
+    assert "\n".join(cmds) in _yosys_script("top", ("-nowidelut",), 8)
+    assert "\n".join(booth_commands("npu")) in build_overrides("npu")["script_after_read"]
+    for bad in (0, 19):
+        with pytest.raises(ValueError, match="max_width"):
+            booth_commands("top", bad)

@@ -22,11 +22,12 @@ def test_script_is_the_board_flows():
     ov = build_overrides(gatesim.NAME)
     script = gatesim.yosys_script()
     assert script[0] == f"read_rtlil {gatesim.NAME}.il"
-    assert script[1] == f"synth_ecp5 {ov['synth_opts']} -top {gatesim.NAME}"
-    assert script[2] == ov["script_after_synth"]
+    assert script[1] == ov["script_after_read"]
+    assert script[2] == f"synth_ecp5 {ov['synth_opts']} -top {gatesim.NAME}"
+    assert script[3] == ov["script_after_synth"]
     assert script[-1] == f"write_verilog -noattr {gatesim.NAME}.v"
     assert not any(line.startswith(("opt", "flatten", "synth", "techmap"))
-                   for line in script[3:]), "the netlist must be the one synthesized"
+                   for line in script[4:]), "the netlist must be the one synthesized"
 
 
 def test_ports_are_simboards(tmp_path):

@@ -323,8 +323,10 @@ def test_ulx3s_top_refuses_clock():
 
 
 def test_command_line_clock():
-    from hw.board.board import parse_args, parse_build_args
+    from hw.board.board import BOARD_CLK_HZ, parse_args, parse_build_args
     args = parse_build_args([])
+    assert args.clk_hz == BOARD_CLK_HZ == 40 * MHZ and args.pll == pll_params(OSC, 40 * MHZ)
+    args = parse_build_args(["--oscillator"])
     assert args.clk_hz is None and args.pll is None
     assert len(parse_args([])) == 3
     args = parse_build_args(["--clk-mhz", "100"])
@@ -340,6 +342,8 @@ def test_command_line_clock():
     (["--clk-mhz", "500"], "10 MHz to 400 MHz"),
     (["--clk-mhz", "-5"], "--clk-mhz: clk_hz must be at least 1, not -5000000"),
     (["--clk-mhz", "40", "--baud", "3000000"], "cannot time the UART"),
+    (["--baud", "3000000"], "cannot time the UART"),      # the default clock's check too
+    (["--clk-mhz", "50", "--oscillator"], "not allowed with argument --clk-mhz"),
 ])
 def test_command_line_clock_errors(argv, message, capsys):
     from hw.board.board import parse_build_args
@@ -350,9 +354,10 @@ def test_command_line_clock_errors(argv, message, capsys):
 
 
 @pytest.mark.parametrize("argv, clock, clk_hz", [
-    ([], "clock 25 MHz from the oscillator", OSC),
+    (["--oscillator"], "clock 25 MHz from the oscillator", OSC),
     (["--clk-mhz", "100"], "clock 100 MHz (EHXPLLL 25 MHz / 1 * 4, VCO 600 MHz / 6)",
      100 * MHZ),
+    ([], "clock 40 MHz (EHXPLLL 25 MHz / 5 * 8, VCO 600 MHz / 15)", 40 * MHZ),
 ])
 # The top main builds is handed to the stand-in for the build, which does not elaborate it.
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
@@ -375,10 +380,12 @@ def test_main_banner_and_record(argv, clock, clk_hz, monkeypatch):
     assert clock in lines[0], lines
     assert info["clk_hz"] == clk_hz
     (pll,) = calls
-    if argv:
-        assert info["pll"]["clkfb_div"] == 4 and info["pll"]["f_vco_hz"] == 600e6
-        assert pll == pll_params(OSC, clk_hz)
-    else:
+    if argv == ["--oscillator"]:
         assert info["pll"] is None and pll is None
+    else:
+        assert (info["pll"]["clki_div"], info["pll"]["clkfb_div"]) == \
+            {100 * MHZ: (1, 4), 40 * MHZ: (5, 8)}[clk_hz]
+        assert info["pll"]["f_vco_hz"] == 600e6
+        assert pll == pll_params(OSC, clk_hz)
     del info
     gc.collect()                 # the unused top goes here, under this test's filter

@@ -153,7 +153,8 @@ def test_connect_choices():
         connect("model:bogus=1")
     with pytest.raises(ValueError, match="n must be a power of two, not 12"):
         connect("model:n=12")
-    assert connect("model:ulx3s").backend.config.n == 4          # a preset
+    assert connect("model:ulx3s").backend.config.n == 16         # a preset
+    assert connect("model:ulx3s_n4").backend.config.n == 4
     t = connect("model:n=8,tiles=1")
     assert isinstance(t, ModelTransport) and t.backend.config.n == 8
     assert t.backend.config.tiles == 1

@@ -64,7 +64,7 @@ def test_lanes_round_trip_through_dict_json_and_text():
     assert '"lanes": 4' in cfg.to_json()
     assert parse_config("n=8,tiles=1,lanes=4") == cfg
     assert parse_config("n=8,tiles=1,lanes=0x4") == cfg
-    assert parse_config("ulx3s,lanes=2") == NpuConfig(n=4, tiles=1, lanes=2)
+    assert parse_config("ulx3s_n4,lanes=2") == NpuConfig(n=4, tiles=1, lanes=2)
     from host.compiler.network import config_text
     assert parse_config(config_text(cfg)) == cfg
     # lanes = n is left out, so the default build's dict and JSON (and with them image
