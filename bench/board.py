@@ -3,7 +3,7 @@
 ``python -m bench board`` (``make bench ARGS=board``) reads ``build/ulx3s/report.json``,
 which the board build (``python -m hw.board``, :func:`hw.board.board.main`) has nextpnr
 write, and ``build/ulx3s/build.json``, where the build records its configuration and
-stage times. With no report there it runs the build first (about 30 minutes; its stages
+stage times. With no report there it runs the build first (about 50 minutes; its stages
 print as they go), unless long builds are off (``python -m bench --no-build``, or
 ``BENCH_NO_BUILD=1``): then it skips itself with the reason, and the records of an
 earlier run stay in ``bench/results.json``. An existing build is used as it is, whatever
@@ -13,7 +13,9 @@ date, so a stale build shows as one (``make bitstream`` rebuilds it).
 Records: "board fmax" per clock (MHz), "board LUT4" (TRELLIS_COMB sites), "board
 flip-flops" (TRELLIS_FF), "board DSP" (MULT18X18D), "board block RAM" (DP16KD), each with
 the device's count and the percentage used, and from the build's configuration "board
-MACs per cycle" and "board GOP/s" (``2 * MACs/cycle * Fmax``, the slowest clock's).
+MACs per cycle" and "board GOP/s" (``2 * MACs/cycle * f``, f the clock the build runs at,
+``build.json``'s ``clk_hz``, or the slowest clock's Fmax if that is lower or the build
+records no clock).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def board_records(build_dir=BUILD_DIR) -> list[dict]:
             "report_date": time.strftime("%Y-%m-%d %H:%M",
                                          time.localtime(path.stat().st_mtime))}
     config = info.get("config") or {}
-    for key in ("n", "tiles", "mantissa_bits_v", "mantissa_bits_w", "narrow_check"):
+    for key in ("n", "tiles", "lanes", "mantissa_bits_v", "mantissa_bits_w", "narrow_check",
+                "unit_sets"):
         if key in config:
             base[key] = config[key]
     if "total_seconds" in info:
@@ -81,10 +84,16 @@ def board_records(build_dir=BUILD_DIR) -> list[dict]:
         records.append({"name": "board MACs per cycle", "value": macs, "unit": "MAC/cycle",
                         "config": base})
         if report["fmax"]:
+            # At the clock the bitstream runs (build.json's clk_hz) when it meets it: the
+            # figure a user gets; at Fmax for a build that records no clock.
             fmax = min(achieved for achieved, _ in report["fmax"].values())
-            records.append({"name": "board GOP/s", "value": round(2 * macs * fmax / 1000, 2),
+            clk = info.get("clk_hz")
+            mhz = fmax if clk is None else min(fmax, clk / 1e6)
+            extra = {} if clk is None else {"clk_mhz": clk / 1e6, "timing_met": fmax >= clk / 1e6}
+            records.append({"name": "board GOP/s", "value": round(2 * macs * mhz / 1000, 2),
                             "unit": "GOP/s",
-                            "config": {**base, "fmax_mhz": round(fmax, 2), "ops_per_mac": 2}})
+                            "config": {**base, "fmax_mhz": round(fmax, 2), **extra,
+                                       "ops_per_mac": 2}})
     return records
 
 
@@ -93,9 +102,9 @@ def run():
     if not (BUILD_DIR / REPORT).is_file():
         if no_build():
             raise Skipped(f"no board build in {BUILD_DIR} (no {REPORT}) and long builds are "
-                          f"off (--no-build); `make bitstream` makes one in about 30 minutes")
+                          f"off (--no-build); `make bitstream` makes one in about 50 minutes")
         print(f"bench board: no {REPORT} in {BUILD_DIR}: running the board build "
-              f"(make bitstream, about 30 minutes) ...", flush=True)
+              f"(make bitstream, about 50 minutes) ...", flush=True)
         from hw.board.board import main
         main(["--build-dir", str(BUILD_DIR)])
     return board_records(BUILD_DIR)

@@ -112,6 +112,19 @@ def test_board_records(tmp_path):
     assert records["board GOP/s"]["value"] == round(2 * 16 * FMAX / 1000, 2) == 0.9
 
 
+@pytest.mark.parametrize("clk_hz, mhz, met", [(25_000_000, 25.0, True),
+                                              (40_000_000, FMAX, False)])
+def test_board_gops_at_the_builds_clock(tmp_path, clk_hz, mhz, met):
+    """GOP/s at the clock the bitstream runs (``build.json``'s ``clk_hz``), or at Fmax
+    when the build does not meet it (then ``timing_met`` says so)."""
+    d = _build_dir(tmp_path)
+    info = json.loads((d / "build.json").read_text()) | {"clk_hz": clk_hz}
+    (d / "build.json").write_text(json.dumps(info))
+    (gops,) = [r for r in board_bench.board_records(d) if r["name"] == "board GOP/s"]
+    assert gops["value"] == round(2 * 16 * mhz / 1000, 2)
+    assert (gops["config"]["clk_mhz"], gops["config"]["timing_met"]) == (clk_hz / 1e6, met)
+
+
 def test_board_records_without_build_info(tmp_path):
     """A build from before ``build.json``: the report's figures, no MACs or GOP/s."""
     names = [r["name"] for r in board_bench.board_records(_build_dir(tmp_path, info=False))]
