@@ -160,7 +160,8 @@ def run():
     names then say so. ``BENCH_LSTM_BUILD=board`` runs on the board's build instead
     (preset ``ulx3s``, what ``make bitstream`` builds: N = 16, T = 1, 2 lanes), records
     named "..., board build"."""
-    if os.environ.get("BENCH_LSTM_BUILD") == "board":
+    board = os.environ.get("BENCH_LSTM_BUILD") == "board"
+    if board:
         from host.spec.config import preset
         cfg = preset("ulx3s")
         tiles, at = cfg.tiles, ", board build"
@@ -195,7 +196,7 @@ def run():
         {"name": f"lstm prediction error{at}", "value": round(error, 1), "unit": "%",
          "config": config},
     ]
-    if at == ", board build":
+    if board:
         return records            # the n8t1 programs do not depend on the LSTM's build
     return records + [
         {"name": f"npu n8t1 {what} prediction error",

@@ -28,8 +28,8 @@ from hw.link.uart import UartRx, UartTx, divisor_for
 from hw.ram import yosys_collision_commands
 from hw.synth import ECP5_CELLS, SYNTH_ECP5_OPTS, booth_commands
 
-__all__ = ["BOARD_CLK_HZ", "DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ", "BuildArgs", "NpuBoard",
-           "SimBoard", "ULX3STop", "build_overrides", "main", "parse_args", "parse_build_args",
+__all__ = ["BOARD_CLK_HZ", "DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ",
+           "BuildArgs", "NpuBoard", "SimBoard", "ULX3STop", "build_overrides", "main", "parse_args", "parse_build_args",
            "truncate_cycles_for", "ulx3s_pll"]
 
 #: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
@@ -39,8 +39,8 @@ DEFAULT_BAUD = 1_000_000
 #: with ``--oscillator``.
 ULX3S_CLK_HZ = 25_000_000
 #: The core clock ``make bitstream`` makes with the PLL without ``--clk-mhz``, Hz: what
-#: the ``ulx3s`` build meets with a margin (its place and route reached 43.6 MHz at the
-#: flow's seed; ``docs/link-hw.md`` section 5). 40 cycles per bit at 1 Mbaud, exact.
+#: the ``ulx3s`` build met at both seeds of the bench flow (43.6 and 41.9 MHz;
+#: ``docs/link-hw.md`` section 5). 40 cycles per bit at 1 Mbaud, exact.
 BOARD_CLK_HZ = 40_000_000
 #: Bytes the UART board buffers while the link executes a request or sends a reply:
 #: the requests of a few streaming jobs (``Device.stream`` keeps ``window`` in flight).
@@ -271,9 +271,10 @@ REPORT = "report.json"
 def build_overrides(name):
     """Overrides of Amaranth's ECP5 build (``platform.prepare(..., **build_overrides(name))``)
     for the top named ``name``, the recipe of :mod:`hw.synth` that the place-and-route
-    benches use too: after the RTLIL is read, the ECP5 cell library (:data:`hw.synth.ECP5_CELLS`:
-    the I/O buffers, the PLL, the DSPs the design instantiates) and the Booth commands (narrow products in LUTs: the N = 16 build's MVM would otherwise ask
-    for 291 MULT18X18D of 156); ``synth_ecp5`` with ``-nowidelut``, stopped before
+    benches use too: after the RTLIL is read, the ECP5 cell library
+    (:data:`hw.synth.ECP5_CELLS`: the I/O buffers, the PLL, the DSPs the design
+    instantiates) and the Booth commands (narrow products in LUTs: the N = 16 build's MVM
+    would otherwise ask for 291 MULT18X18D of 156); ``synth_ecp5`` with ``-nowidelut``, stopped before
     ``map_ram`` so that the memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF,
     the vector buffer) get no logic for reads that collide with a write, then finished
     (``hw.ram``); nextpnr writes its report to :data:`REPORT` (Amaranth's flow asks for
@@ -284,8 +285,7 @@ def build_overrides(name):
     """
     opts = " ".join(SYNTH_ECP5_OPTS)
     return {
-        "script_after_read": "\n".join(
-            [ECP5_CELLS, *booth_commands(name)]),
+        "script_after_read": "\n".join([ECP5_CELLS, *booth_commands(name)]),
         "synth_opts": f"{opts} -run begin:map_ram",
         "script_after_synth": "\n".join(
             [*yosys_collision_commands(), f"synth_ecp5 {opts} -top {name} -run map_ram:"]),
