@@ -653,6 +653,8 @@ async def test_random(dut, stalls):
 #: The unit sets ``test_unit_sets`` is written for (``tests/hw/test_npu_hw.py`` builds
 #: them): REDUCE only in MFU 0, ACT only in MFU 1, no ADDSUB (so no AddSubVrf) in MFU 1.
 UNIT_SETS = "addsub+mul+reduce/mul+act"
+#: The unary functions of that build: every one but sigmoid.
+UNIT_SET_UNARY = ("relu", "tanh", "exp", "recip", "pass")
 
 #: (what, program, the error the model and the core must give).
 UNIT_SET_PROGRAMS = [
@@ -675,6 +677,8 @@ UNIT_SET_PROGRAMS = [
      ErrorCode.ILLEGAL_FIELD),
     ("v_rd of the AddSubVrf MFU 1 lacks",
      "v_rd asvrf1, 0\nv_wr ivrf, 4\nend_chain\nend", ErrorCode.ILLEGAL_FIELD),
+    ("sigmoid, which the build does not have",
+     "v_rd ivrf, 0\nv_sigm\nv_wr ivrf, 4\nend_chain\nend", ErrorCode.ILLEGAL_OPCODE),
     ("the relu chain again after the errors",
      "v_rd ivrf, 5\nv_relu\nvv_mul 2\nv_wr netq\nend_chain\nend", ErrorCode.NONE),
 ]
@@ -688,6 +692,9 @@ async def test_unit_sets(dut):
     cfg, n = tb.cfg, tb.n
     assert cfg.unit_sets == parse_unit_sets(UNIT_SETS, cfg.mfus), \
         f"test_unit_sets is written for unit sets {UNIT_SETS}, the build has {cfg.unit_sets}"
+    assert cfg.unary_ops == NpuConfig(n=cfg.n, unary_ops=UNIT_SET_UNARY).unary_ops, \
+        f"test_unit_sets is written for unary ops {UNIT_SET_UNARY}, the build has " \
+        f"{cfg.unary_ops}"
     assert Space.ASVRF1 not in tb.spaces
     img = Image(tb)
     fmt = {"big": 2 * n, "odd": 2 * n - 3}

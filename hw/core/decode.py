@@ -3,18 +3,24 @@
 The word layout, the opcodes and every enum come from :mod:`host.spec.isa`; the checks and
 their priority are those of :func:`host.spec.isa.decode` (and ``Instruction.__post_init__``),
 so a word the model refuses is refused here with the same :class:`host.spec.isa.ErrorCode`.
+
+The core decodes a word when the host writes it (:class:`WordCheck`) and keeps the verdict
+beside the word in the program memory (:data:`PREDECODE_LAYOUT`), so that the fetched
+word's checks are a few stored bits instead of the decoder's logic (issue 36, timing).
 """
 
-from amaranth.hdl import Module
-from amaranth.lib import wiring
+from amaranth.hdl import Module, Mux
+from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 
+from host.spec.config import NpuConfig
+from host.spec.isa import FIELDS, WORD_BITS, ErrorCode, Opcode, Reg, Space, register_limits
+from host.spec.mfu import MfuUnit
 from host.spec.ops import BinaryOp
-from host.spec.isa import FIELDS, WORD_BITS, ErrorCode, Opcode, Reg, Space
 from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 
-__all__ = ["InstructionDecoder", "FUNC_LIMIT"]
+__all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck"]
 
 #: Largest legal function code of each opcode that has a function field.
 FUNC_LIMIT = {
@@ -105,3 +111,86 @@ class InstructionDecoder(wiring.Component):
             m.d.comb += self.error.eq(ErrorCode.NONE)
         return m
 
+
+
+class Verdict(enum.Enum, shape=2):
+    """The decoder's error code of a program word, as the program memory keeps it.
+
+    ``ILLEGAL_OPCODE`` is code 0 because an all-zero word (opcode 0, unassigned) is
+    illegal: a word of the memory's power-on contents then reads as what it decodes to.
+    """
+    ILLEGAL_OPCODE = 0
+    NONE = 1
+    ILLEGAL_FIELD = 2
+
+
+#: The bits the core stores beside each 64-bit program word, all zero for an all-zero
+#: word: the decoder's :class:`Verdict`; whether an ``s_wr``'s operand is outside its
+#: register's range (``REGISTER_VALUE`` when the word runs, if the verdict is NONE); the
+#: MFU unit of a ``vv``, ``v_unary`` or ``v_reduce`` (``ADDSUB``, code 0, for any other
+#: opcode); whether a ``v_unary``'s function is one the build does not have
+#: (``ILLEGAL_OPCODE`` at the chain's check).
+PREDECODE_LAYOUT = data.StructLayout({"verdict": Verdict, "s_wr_out_of_range": 1,
+                                      "unit": MfuUnit, "unary_unbuilt": 1})
+
+
+class WordCheck(wiring.Component):
+    """The checks of a program word that depend on the word alone, done when it is written.
+
+    Parameters
+    ----------
+    config : NpuConfig
+        The build: its scalar registers' ranges (:func:`host.spec.isa.register_limits`)
+        and its unary functions (``unary_ops``).
+
+    Attributes
+    ----------
+    word : ``In(64)``
+        The instruction word.
+    predecode : ``Out(PREDECODE_LAYOUT)``
+        Its :class:`Verdict` (:class:`InstructionDecoder`'s error), the ``s_wr`` range
+        flag, the op's MFU unit and the unbuilt-function flag.
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not an :class:`host.spec.config.NpuConfig`.
+    """
+
+    def __init__(self, config):
+        if not isinstance(config, NpuConfig):
+            self._MustUse__silence = True       # refused: not a design left unused
+            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        self._limits = register_limits(config)
+        self._unary_ops = tuple(config.unary_ops)
+        super().__init__({"word": In(WORD_BITS), "predecode": Out(PREDECODE_LAYOUT)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.decoder = dec = InstructionDecoder()
+        m.d.comb += dec.word.eq(self.word)
+        out = self.predecode
+        with m.Switch(dec.error):
+            with m.Case(ErrorCode.NONE):
+                m.d.comb += out.verdict.eq(Verdict.NONE)
+            with m.Case(ErrorCode.ILLEGAL_FIELD):
+                m.d.comb += out.verdict.eq(Verdict.ILLEGAL_FIELD)
+            with m.Default():
+                m.d.comb += out.verdict.eq(Verdict.ILLEGAL_OPCODE)
+        op, func = dec.opcode, dec.func
+        bad = 0
+        for reg in Reg:
+            lo, hi = self._limits[reg]
+            bad = bad | ((func == reg.value) & ((dec.operand < lo) | (dec.operand > hi)))
+        m.d.comb += out.s_wr_out_of_range.eq((op == Opcode.S_WR.value) & bad)
+        with m.Switch(op):
+            with m.Case(Opcode.VV.value):
+                m.d.comb += out.unit.eq(Mux(func == BinaryOp.MUL.value,
+                                            MfuUnit.MUL, MfuUnit.ADDSUB))
+            with m.Case(Opcode.V_UNARY.value):
+                m.d.comb += out.unit.eq(MfuUnit.ACT)
+            with m.Case(Opcode.V_REDUCE.value):
+                m.d.comb += out.unit.eq(MfuUnit.REDUCE)
+        m.d.comb += out.unary_unbuilt.eq((op == Opcode.V_UNARY.value)
+                                         & ~_one_of(func, [u.value for u in self._unary_ops]))
+        return m

@@ -22,7 +22,6 @@ from amaranth.utils import bits_for, ceil_log2
 
 from host.spec.config import NpuConfig
 from host.spec.formats import FP16_BITS, MAX_EXPONENT_CODE, Rounding, block_layout
-from host.spec.ops import BinaryOp
 from host.spec.isa import (
     MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits, vector_spaces,
 )
@@ -31,7 +30,7 @@ from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
-from hw.core.decode import InstructionDecoder
+from hw.core.decode import PREDECODE_LAYOUT, InstructionDecoder, Verdict, WordCheck
 from hw.mvm.tile_engine import TileEngine
 
 __all__ = [
@@ -355,6 +354,7 @@ class NpuCore(wiring.Component):
 
         m.submodules.mvm = mvm = Mvm(c.mvm)
         m.submodules.mfu = mfu = MfuPipeline(mcfg)
+        # The fetched word's fields (its error code is the one stored with it: WordCheck).
         m.submodules.decoder = dec = InstructionDecoder()
 
         # --- counters -------------------------------------------------------------
@@ -370,7 +370,9 @@ class NpuCore(wiring.Component):
         be_idle = Signal()            # the back end holds no chain and no instance
 
         # --- memories ---------------------------------------------------------------
-        program = Memory(shape=64, depth=c.program_depth, init=[])
+        # Each word with its checks (WordCheck: decoded when the host writes it, so the
+        # fetched word needs no decoder logic before the front end's decisions).
+        program = Memory(shape=64 + PREDECODE_LAYOUT.size, depth=c.program_depth, init=[])
         m.submodules.program = program
         prog_wp = program.write_port()
         prog_rp = program.read_port(domain="sync", transparent_for=())
@@ -592,8 +594,10 @@ class NpuCore(wiring.Component):
 
         # Program words.
         pw = self.prog_w.payload
+        m.submodules.word_check = word_check = WordCheck(c)
         m.d.comb += [self.prog_w.ready.eq(host_ok), prog_wp.addr.eq(pw.addr),
-                     prog_wp.data.eq(pw.word)]
+                     word_check.word.eq(pw.word),
+                     prog_wp.data.eq(Cat(pw.word, word_check.predecode))]
         with m.If(self.prog_w.valid & host_ok):
             with m.If(pw.addr >= c.program_depth):
                 m.d.comb += access_set.eq(ErrorCode.PROGRAM_RANGE)
@@ -640,9 +644,19 @@ class NpuCore(wiring.Component):
         # writes the unregistered read saw. Otherwise (a run right after a reset, a
         # refused run or such a write) FETCH reads them as before: one cycle more.
         advance = Signal()                # the instruction at pc is consumed
-        iw = Signal(64)
+        iw = Signal(len(prog_rp.data))
         m.d.sync += iw.eq(prog_rp.data)
-        m.d.comb += [prog_rp.en.eq(1), dec.word.eq(iw), prog_rp.addr.eq(pc)]
+        m.d.comb += [prog_rp.en.eq(1), dec.word.eq(iw[:64]), prog_rp.addr.eq(pc)]
+        # The word's checks as stored (hw.core.decode.PREDECODE_LAYOUT).
+        checked = data.View(PREDECODE_LAYOUT, iw[64:])
+        word_error = Signal(ErrorCode)
+        with m.Switch(checked.verdict):
+            with m.Case(Verdict.NONE):
+                m.d.comb += word_error.eq(ErrorCode.NONE)
+            with m.Case(Verdict.ILLEGAL_FIELD):
+                m.d.comb += word_error.eq(ErrorCode.ILLEGAL_FIELD)
+            with m.Default():
+                m.d.comb += word_error.eq(ErrorCode.ILLEGAL_OPCODE)
         read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
         fetched0 = Signal()               # and the last did, with no write there
         m.d.sync += fetched0.eq(read0 & ~(prog_wp.en & (pw.addr == 0)))
@@ -894,25 +908,23 @@ class NpuCore(wiring.Component):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
-                with m.Elif(dec.error != ErrorCode.NONE):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(dec.error), fail_at.eq(pc)]
+                with m.Elif(word_error != ErrorCode.NONE):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
                     m.next = "DRAIN"
                 with m.Elif(op == Opcode.END):
                     m.d.sync += [pend_code.eq(ErrorCode.NONE), pend_index.eq(pc)]
                     m.next = "DRAIN"
                 with m.Elif(op == Opcode.S_WR):
-                    with m.Switch(func):
-                        for reg in Reg:
-                            lo, hi = limits[reg]
-                            with m.Case(reg.value):
-                                with m.If((dec.operand < lo) | (dec.operand > hi)):
-                                    m.d.comb += [fe_fail.eq(1),
-                                                 fail_code.eq(ErrorCode.REGISTER_VALUE),
-                                                 fail_at.eq(pc)]
-                                    m.next = "DRAIN"
-                                with m.Else():
+                    with m.If(checked.s_wr_out_of_range):
+                        m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.REGISTER_VALUE),
+                                     fail_at.eq(pc)]
+                        m.next = "DRAIN"
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        with m.Switch(func):
+                            for reg in Reg:
+                                with m.Case(reg.value):
                                     m.d.sync += regs[reg].eq(dec.operand)
-                                    m.d.comb += advance.eq(1)
                 with m.Elif(op == Opcode.V_RD):
                     m.d.comb += advance.eq(1)
                     m.d.sync += [
@@ -934,8 +946,8 @@ class NpuCore(wiring.Component):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
-                with m.Elif(dec.error != ErrorCode.NONE):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(dec.error), fail_at.eq(pc)]
+                with m.Elif(word_error != ErrorCode.NONE):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
                     m.next = "DRAIN"
                 with m.Elif(op == Opcode.MV_MUL):
                     with m.If(has_mv | (n_ops != 0) | (n_wr != 0)):
@@ -950,7 +962,7 @@ class NpuCore(wiring.Component):
                     with m.Else():
                         m.d.comb += advance.eq(1)
                         m.d.sync += n_ops.eq(n_ops + 1)
-                        self._allocate(m, c, dec, pc, cur_m, used, slots, alloc_fail,
+                        self._allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail,
                                        unbuilt, unbuilt_at, mcfg_regs, vv_used, vv_op,
                                        vv_inc)
                 with m.Elif(op == Opcode.V_WR):
@@ -976,6 +988,10 @@ class NpuCore(wiring.Component):
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
             with m.State("CHECK"):
+                # haz_mask takes the candidates whatever the checks decide: it is read
+                # only in the hazard states, which only a passing CHECK enters, and the
+                # checks stay off the path into it and the pick registers.
+                m.d.comb += haz_next.eq(cand)
                 checks = [
                     (unbuilt, ErrorCode.ILLEGAL_OPCODE, unbuilt_at),
                     (alloc_fail, ErrorCode.CHAIN_STRUCTURE, at),
@@ -996,7 +1012,6 @@ class NpuCore(wiring.Component):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(code), fail_at.eq(index)]
                         m.next = "DRAIN"
                 with m.Else():
-                    m.d.comb += haz_next.eq(cand)
                     m.next = "HAZARD_PICK"
             with m.State("HAZARD_PICK"):
                 with m.If(haz_mask == 0):
@@ -1379,22 +1394,17 @@ class NpuCore(wiring.Component):
         return vector_step, p_beat
 
     @staticmethod
-    def _allocate(m, c, dec, pc, cur_m, used, slots, alloc_fail, unbuilt, unbuilt_at,
+    def _allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail, unbuilt, unbuilt_at,
                   mcfg_regs, vv_used, vv_op, vv_inc):
         """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle. The op
         stays in the current MFU ``k`` if ``k`` builds its unit and has not used it yet;
         else it goes to the first MFU after ``k`` that builds the unit (a constant of ``k``
         and the unit, from the unit sets), and where there is none the chain fails."""
-        op, func = dec.opcode, dec.func
-        unit = Signal(MfuUnit, name="op_unit")
-        with m.If(op == Opcode.VV):
-            m.d.comb += unit.eq(Mux(func == BinaryOp.MUL.value, MfuUnit.MUL, MfuUnit.ADDSUB))
-        with m.Elif(op == Opcode.V_UNARY):
-            m.d.comb += unit.eq(MfuUnit.ACT)
-        with m.Else():
-            m.d.comb += unit.eq(MfuUnit.REDUCE)
-        built = _any(func == u.value for u in c.unary_ops)
-        with m.If((op == Opcode.V_UNARY) & ~built & ~unbuilt):
+        func = dec.func
+        # The op's unit and whether its function is built: decoded when the word was
+        # written (hw.core.decode.WordCheck).
+        unit = checked.unit
+        with m.If(checked.unary_unbuilt & ~unbuilt):
             m.d.sync += [unbuilt.eq(1), unbuilt_at.eq(pc)]
         unit_bit = Signal(4)
         m.d.comb += unit_bit.eq(1 << unit.as_value())

@@ -22,14 +22,15 @@ import pytest
 from host.spec.config import NpuConfig
 from hw.core.npu import NpuCore
 from sim.runner import run_cocotb
-from sim.test_npu import UNIT_SETS
+from sim.test_npu import UNIT_SET_UNARY, UNIT_SETS
 
 _N8T1 = {"n": 8, "tiles": 1, "mrf_depth": 128, "max_col_tiles": 16, "ivrf_depth": 64,
          "vrf_depth": 32, "netq_depth": 64, "program_depth": 512, "max_length": 4}
 ALL_BUILDS = {
     "n8t1": NpuConfig(**_N8T1, lanes=4),
-    # REDUCE only in MFU 0, ACT only in MFU 1, no ADDSUB (nor AddSubVrf) in MFU 1.
-    "n8t1u": NpuConfig(**_N8T1, unit_sets=UNIT_SETS, lanes=2),
+    # REDUCE only in MFU 0, ACT only in MFU 1, no ADDSUB (nor AddSubVrf) in MFU 1; no
+    # sigmoid (sim.test_npu.UNIT_SET_PROGRAMS runs it: ILLEGAL_OPCODE).
+    "n8t1u": NpuConfig(**_N8T1, unit_sets=UNIT_SETS, lanes=2, unary_ops=UNIT_SET_UNARY),
     # n8t1 at lanes = n: the core without beats, for test_lanes_identical.
     "n8t1l8": NpuConfig(**_N8T1),
     "n16t2": NpuConfig(n=16, tiles=2, mrf_depth=48, max_col_tiles=16, ivrf_depth=64,
