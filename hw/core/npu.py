@@ -694,19 +694,26 @@ class NpuCore(wiring.Component):
         iters = regs[Reg.ITERATIONS]
         length = Signal(mcfg.length_bits)
         lanes_last = Signal(mcfg.lanes_bits)
-        pix = Signal(_count_bits(c))
+        # pix (the column tiles of a pixel) is registered, and the window products after
+        # it: only chains with an mv_mul read them (cols_t, window_extent and what is
+        # formed from them), and there s_wr writes COLS and the window registers at least
+        # four cycles (v_rd, mv_mul, v_wr, end_chain) before CHECK; pix is final a cycle
+        # after the register, the products a cycle later, the registered checks formed
+        # from them (e_cols, in_need, mrf_base then e_mrf, rd_base then top_rd) by CHECK.
+        # Combinational, cols - 1, the shift and the increment went into the products'
+        # multiplier in one cycle with them (the core alone's critical path at 53.7 MHz).
+        pix = Signal(_count_bits(c), init=1)
         lanes_cols = Signal(bits_for(n))
+        m.d.sync += pix.eq(((cols - 1) >> log2n) + 1)
         m.d.comb += [
             length.eq(((rows - 1) >> log2n) + 1),
             lanes_last.eq(rows - ((length - 1) << log2n)),
-            pix.eq(((cols - 1) >> log2n) + 1),
             lanes_cols.eq(cols - ((pix - 1) << log2n)),
         ]
         win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
-        # The two window products are registered: they only read the scalar registers,
-        # which s_wr writes outside chains, at least three cycles (v_rd, v_wr, end_chain)
-        # before CHECK reads them. Combinational, they put two multipliers in front of the
-        # plan checks' own (24.8 MHz on the ULX3S, docs/link-hw.md section 5).
+        # The two window products are registered (see pix). Combinational, they put two
+        # multipliers in front of the plan checks' own (24.8 MHz on the ULX3S,
+        # docs/link-hw.md section 5).
         cols_t = Signal(3 * 13 + 1)
         m.d.sync += cols_t.eq(pix * win_w * win_h)
         window_extent = Signal(64)
