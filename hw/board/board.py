@@ -29,8 +29,8 @@ from hw.ram import yosys_collision_commands
 from hw.synth import ECP5_CELLS, SYNTH_ECP5_OPTS, booth_commands
 
 __all__ = ["BOARD_CLK_HZ", "DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ",
-           "BuildArgs", "NpuBoard", "SimBoard", "ULX3STop", "build_overrides", "main", "parse_args", "parse_build_args",
-           "truncate_cycles_for", "ulx3s_pll"]
+           "BuildArgs", "NpuBoard", "SimBoard", "ULX3STop", "build_overrides", "main",
+           "parse_args", "parse_build_args", "truncate_cycles_for", "ulx3s_pll"]
 
 #: Baud rate of the ULX3S build: 25 cycles per bit at its 25 MHz clock, exact (3 Mbaud,
 #: which the FT231X also does, would be 4 % off with 8 cycles per bit).
@@ -274,8 +274,8 @@ def build_overrides(name):
     benches use too: after the RTLIL is read, the ECP5 cell library
     (:data:`hw.synth.ECP5_CELLS`: the I/O buffers, the PLL, the DSPs the design
     instantiates) and the Booth commands (narrow products in LUTs: the N = 16 build's MVM
-    would otherwise ask for 291 MULT18X18D of 156); ``synth_ecp5`` with ``-nowidelut``, stopped before
-    ``map_ram`` so that the memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF,
+    would otherwise ask for 291 MULT18X18D of 156); ``synth_ecp5`` with ``-nowidelut``,
+    stopped before ``map_ram`` so that the memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF,
     the vector buffer) get no logic for reads that collide with a write, then finished
     (``hw.ram``); nextpnr writes its report to :data:`REPORT` (Amaranth's flow asks for
     none).

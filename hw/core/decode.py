@@ -9,7 +9,7 @@ beside the word in the program memory (:data:`PREDECODE_LAYOUT`), so that the fe
 word's checks are a few stored bits instead of the decoder's logic (issue 36, timing).
 """
 
-from amaranth.hdl import Module, Mux
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -20,7 +20,8 @@ from host.spec.ops import BinaryOp
 from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 
-__all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck"]
+__all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
+           "verdict_error"]
 
 #: Largest legal function code of each opcode that has a function field.
 FUNC_LIMIT = {
@@ -112,7 +113,6 @@ class InstructionDecoder(wiring.Component):
         return m
 
 
-
 class Verdict(enum.Enum, shape=2):
     """The decoder's error code of a program word, as the program memory keeps it.
 
@@ -194,3 +194,18 @@ class WordCheck(wiring.Component):
         m.d.comb += out.unary_unbuilt.eq((op == Opcode.V_UNARY.value)
                                          & ~_one_of(func, [u.value for u in self._unary_ops]))
         return m
+
+
+def verdict_error(m, verdict):
+    """The :class:`host.spec.isa.ErrorCode` of a stored :class:`Verdict` (``verdict``, a
+    value of that shape), as a signal driven in ``m``'s combinational domain: the
+    inverse of :class:`WordCheck`'s encoding."""
+    error = Signal(ErrorCode, name="word_error")
+    with m.Switch(verdict):
+        with m.Case(Verdict.NONE):
+            m.d.comb += error.eq(ErrorCode.NONE)
+        with m.Case(Verdict.ILLEGAL_FIELD):
+            m.d.comb += error.eq(ErrorCode.ILLEGAL_FIELD)
+        with m.Default():
+            m.d.comb += error.eq(ErrorCode.ILLEGAL_OPCODE)
+    return error

@@ -30,7 +30,7 @@ from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
-from hw.core.decode import PREDECODE_LAYOUT, InstructionDecoder, Verdict, WordCheck
+from hw.core.decode import PREDECODE_LAYOUT, InstructionDecoder, WordCheck, verdict_error
 from hw.mvm.tile_engine import TileEngine
 
 __all__ = [
@@ -649,14 +649,7 @@ class NpuCore(wiring.Component):
         m.d.comb += [prog_rp.en.eq(1), dec.word.eq(iw[:64]), prog_rp.addr.eq(pc)]
         # The word's checks as stored (hw.core.decode.PREDECODE_LAYOUT).
         checked = data.View(PREDECODE_LAYOUT, iw[64:])
-        word_error = Signal(ErrorCode)
-        with m.Switch(checked.verdict):
-            with m.Case(Verdict.NONE):
-                m.d.comb += word_error.eq(ErrorCode.NONE)
-            with m.Case(Verdict.ILLEGAL_FIELD):
-                m.d.comb += word_error.eq(ErrorCode.ILLEGAL_FIELD)
-            with m.Default():
-                m.d.comb += word_error.eq(ErrorCode.ILLEGAL_OPCODE)
+        word_error = verdict_error(m, checked.verdict)
         read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
         fetched0 = Signal()               # and the last did, with no write there
         m.d.sync += fetched0.eq(read0 & ~(prog_wp.en & (pw.addr == 0)))
@@ -969,9 +962,9 @@ class NpuCore(wiring.Component):
                     with m.Else():
                         m.d.comb += advance.eq(1)
                         m.d.sync += n_ops.eq(n_ops + 1)
-                        self._allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail,
-                                       unbuilt, unbuilt_at, mcfg_regs, vv_used, vv_op,
-                                       vv_inc)
+                        self._allocate(m, c, dec, checked, pc, cur_m, used, slots,
+                                       alloc_fail, unbuilt, unbuilt_at, mcfg_regs, vv_used,
+                                       vv_op, vv_inc)
                 with m.Elif(op == Opcode.V_WR):
                     with m.If(n_wr == MAX_WRITES):
                         m.d.comb += structure.eq(1)
@@ -1401,8 +1394,8 @@ class NpuCore(wiring.Component):
         return vector_step, p_beat
 
     @staticmethod
-    def _allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail, unbuilt, unbuilt_at,
-                  mcfg_regs, vv_used, vv_op, vv_inc):
+    def _allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail, unbuilt,
+                  unbuilt_at, mcfg_regs, vv_used, vv_op, vv_inc):
         """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle. The op
         stays in the current MFU ``k`` if ``k`` builds its unit and has not used it yet;
         else it goes to the first MFU after ``k`` that builds the unit (a constant of ``k``
