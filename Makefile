@@ -66,7 +66,7 @@ help:
 	@echo "make bench      run the benchmarks (python -m bench)"
 	@echo "make demo       the model zoo end to end: accuracy table, one model on the simulated board, plots in build/demo"
 	@echo "make zoo        retrain and re-export the model zoo (pip install '.[train]'; python -m zoo.train)"
-	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (N=4, T=1; ARGS='--config ...')"
+	@echo "make bitstream  ULX3S-85F bitstream with the yowasp tools (preset ulx3s: N=16, T=1; ARGS='--config ...')"
 	@echo "make gatesim    gate-level simulation: the board's synth_ecp5 netlist on ECP5 cell models, link tests (Verilator; not in make test)"
 	@echo "make clean      remove build products and caches (keeps .venv)"
 	@echo "make distclean  clean, and remove .venv too"

@@ -715,7 +715,11 @@ class NpuCore(wiring.Component):
         m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
         last_iter = Signal(_iter_bits(c))
         m.d.comb += last_iter.eq(iters - 1)
-        c_in = Signal(cols_t.shape())
+        # C, the input vectors an iteration takes, as the hand-off keeps it: cols_t is
+        # wider, but a chain with cols_t > max_col_tiles fails e_cols, which CHECK tests
+        # before the only check reading c_in (e_under), and never reaches HANDOFF. A
+        # 40-bit C made iters * C a product tree on the way into e_under.
+        c_in = Signal(_count_bits(c))
         m.d.comb += c_in.eq(Mux(has_mv, cols_t, length))
         extent = Signal(64)
         m.d.comb += extent.eq(Mux(has_mv, window_extent, length))
@@ -1105,6 +1109,7 @@ class NpuCore(wiring.Component):
 
         # In-flight instances: their write ranges (scoreboard), oldest first.
         sb_valid = Signal(IN_FLIGHT)
+        issue = Signal()
         sb_head = Signal(range(IN_FLIGHT))
         sb_tail = Signal(range(IN_FLIGHT))
         sb = [[(Signal(4, name=f"sb{e}_space{k}"), Signal(a_bits + 1, name=f"sb{e}_lo{k}"),
@@ -1119,13 +1124,48 @@ class NpuCore(wiring.Component):
         with m.If(desc_take):
             m.d.sync += it_rd_end.eq(desc.rd_addr + desc.extent)
             m.d.sync += [it_vv_end[k].eq(vv_base(desc, k) + desc.length) for k in vrf_built]
-        reads = [((cur.rd_space != Space.NETQ), _raw(cur.rd_space), it_rd, it_rd_end)]
+
+        # Whether entry e's writes overlap the current iteration's reads: `hit`, a register
+        # computed a cycle ahead, so that `issue` starts from registers (issue 36, timing:
+        # the range compares were the core's critical path). Reads and entries change only
+        # when an iteration issues (the reads advance by their increments, the tail entry
+        # takes the issued writes) or a chain is taken (the reads start over); the two
+        # never meet (a chain is taken only when none is current). So the compares run on
+        # the values of the next cycle, one set of them: the reads after this issue, or the
+        # taken chain's; entry e, or the issued writes if e is the tail and one issues.
+        def advanced(value, inc):
+            return (value + inc)[:len(value)]
+
+        reads_next = [(
+            Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
+            Mux(cur_valid, _raw(cur.rd_space), _raw(desc.rd_space)),
+            Mux(cur_valid, advanced(it_rd, cur.rd_inc), desc.rd_addr),
+            Mux(cur_valid, advanced(it_rd_end, cur.rd_inc),
+                (desc.rd_addr + desc.extent)[:len(it_rd_end)]))]
         for k in vrf_built:
-            reads.append((cur.vv_used[k], Const(_vrf_space(k), 4), it_vv[k], it_vv_end[k]))
-        conflict = _any(
-            sb_valid[e] & on & rv & (s == rs) & (lo < rhi) & (rlo < hi)
-            for e in range(IN_FLIGHT) for (s, lo, hi, on) in sb[e]
-            for (rv, rs, rlo, rhi) in reads)
+            base = vv_base(desc, k)
+            reads_next.append((
+                Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), Const(_vrf_space(k), 4),
+                Mux(cur_valid, advanced(it_vv[k], cur.vv_inc[k]), base),
+                Mux(cur_valid, advanced(it_vv_end[k], cur.vv_inc[k]),
+                    (base + desc.length)[:len(it_vv_end[k])])))
+        issued = [(cur.w_space[k], it_wr[k], (it_wr[k] + cur.length)[:a_bits + 1],
+                   cur.w_valid[k] & (cur.w_space[k] != Space.NETQ))
+                  for k in range(MAX_WRITES)]
+        hit = Signal(IN_FLIGHT)
+        for e in range(IN_FLIGHT):
+            # A taken chain leaves every entry as it is; otherwise only an issue reaches
+            # the update below, and it writes the tail.
+            keep = desc_take | (sb_tail != e)
+            overlaps = []
+            for (s, lo, hi, on), (s_new, lo_new, hi_new, on_new) in zip(sb[e], issued):
+                s_n, lo_n = Mux(keep, _raw(s), _raw(s_new)), Mux(keep, lo, lo_new)
+                hi_n, on_n = Mux(keep, hi, hi_new), Mux(keep, on, on_new)
+                overlaps += [on_n & rv & (s_n == rs) & (lo_n < rhi) & (rlo < hi_n)
+                             for (rv, rs, rlo, rhi) in reads_next]
+            with m.If(desc_take | issue):
+                m.d.sync += hit[e].eq(_any(overlaps))
+        conflict = (sb_valid & hit).any()
         retire = Signal()
         sb_full = sb_valid.all()
 
@@ -1142,7 +1182,6 @@ class NpuCore(wiring.Component):
         wq_w = data.View(_writer_layout(c), wq.w_data)
         cq_w = data.View(command_layout(c.mvm), cq.w_data)
 
-        issue = Signal()
         m.d.comb += issue.eq(cur_valid & ~conflict & ~sb_full & rq.w_rdy & fq.w_rdy
                              & wq.w_rdy & cq.w_rdy)
         m.d.comb += [
