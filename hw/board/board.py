@@ -383,6 +383,7 @@ def main(argv=None, *, out=None):
     from amaranth_boards.ulx3s import ULX3S_85F_Platform
 
     from hw.board.flow import run_stages, say
+    from hw.ecp5 import reset_logic_off_global
 
     out = out or say
     config, baud, build_dir, clk_hz, pll = parse_build_args(argv)
@@ -397,7 +398,7 @@ def main(argv=None, *, out=None):
         f"the whole build takes about 50 minutes, most of it place and route")
     return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud, clk_hz),
                       build_dir=build_dir, name="npu", overrides=build_overrides("npu"),
-                      out=out,
+                      out=out, netlist_pass=reset_logic_off_global,
                       info={"config": config.to_dict(), "baud": baud,
                             "clk_hz": ULX3S_CLK_HZ if pll is None else pll.clk_hz,
                             "pll": None if pll is None else pll.to_dict(),

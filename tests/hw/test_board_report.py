@@ -239,6 +239,21 @@ def test_stages_print_progress_and_summary(tmp_path, stub_tools):
     assert json.loads((tmp_path / "build" / "build.json").read_text()) == result
 
 
+def test_netlist_pass_runs_between_synthesis_and_place_and_route(tmp_path, stub_tools):
+    """``netlist_pass`` gets synthesis's netlist before nextpnr starts (its log not yet
+    written), and the synthesis stage's last line reports what it returned."""
+    seen = []
+
+    def count_things(path):
+        seen.append((path, (path.parent / "npu.tim").exists()))
+        return 3
+
+    _, lines = _small_build(tmp_path, netlist_pass=count_things)
+    assert seen == [(tmp_path / "build" / "npu.json", False)]
+    (end,) = [line for line in lines if line.startswith("[2/4] synthesis done in ")]
+    assert end.endswith(", count_things: 3)"), end
+
+
 def test_a_failed_stage_names_itself(tmp_path, stub_tools, monkeypatch):
     monkeypatch.setenv("STUB_FAIL", "nextpnr-ecp5")
     with pytest.raises(BuildError, match=r"^place and route failed: nextpnr-ecp5 exited "

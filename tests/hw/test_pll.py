@@ -366,12 +366,15 @@ def test_main_banner_and_record(argv, clock, clk_hz, monkeypatch):
     itself replaced: no tools run)."""
     import hw.board.flow
     from hw.board.board import main
+    from hw.ecp5 import reset_logic_off_global
     for var in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "OPENFPGALOADER"):
         monkeypatch.setenv(var, "true")
     calls = []
 
     def fake_run_stages(platform, top, **kwargs):
         calls.append(top.pll)
+        # Only flip-flop LSR pins stay on the core reset's global line (hw.ecp5).
+        assert kwargs["netlist_pass"] is reset_logic_off_global
         return kwargs["info"]
 
     monkeypatch.setattr(hw.board.flow, "run_stages", fake_run_stages)
