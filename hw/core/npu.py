@@ -1133,9 +1133,20 @@ class NpuCore(wiring.Component):
         # passed the range checks, so no start of its iterations wraps around.
         it_rd_end = Signal(a_bits + 2)
         it_vv_end = {k: Signal(mcfg.addr_bits + 1, name=f"it_vv_end{k}") for k in vrf_built}
+        # Next cycle's read ranges: the current ones advanced by an issue, or a taken
+        # chain's first (the issue and the take below load them; `hit` compares them).
+        def advanced(value, inc):
+            return (value + inc)[:len(value)]
+
+        rd_adv, rd_end_adv = advanced(it_rd, cur.rd_inc), advanced(it_rd_end, cur.rd_inc)
+        vv_adv = [advanced(it_vv[k], cur.vv_inc[k]) for k in range(vrfs)]
+        vv_end_adv = {k: advanced(it_vv_end[k], cur.vv_inc[k]) for k in vrf_built}
+        rd_end_taken = (desc.rd_addr + desc.extent)[:len(it_rd_end)]
+        vv_end_taken = {k: (vv_base(desc, k) + desc.length)[:len(it_vv_end[k])]
+                        for k in vrf_built}
         with m.If(desc_take):
-            m.d.sync += it_rd_end.eq(desc.rd_addr + desc.extent)
-            m.d.sync += [it_vv_end[k].eq(vv_base(desc, k) + desc.length) for k in vrf_built]
+            m.d.sync += it_rd_end.eq(rd_end_taken)
+            m.d.sync += [it_vv_end[k].eq(vv_end_taken[k]) for k in vrf_built]
 
         # Whether entry e's writes overlap the current iteration's reads: `hit`, a register
         # computed a cycle ahead, so that `issue` starts from registers (issue 36, timing:
@@ -1145,22 +1156,15 @@ class NpuCore(wiring.Component):
         # never meet (a chain is taken only when none is current). So the compares run on
         # the values of the next cycle, one set of them: the reads after this issue, or the
         # taken chain's; entry e, or the issued writes if e is the tail and one issues.
-        def advanced(value, inc):
-            return (value + inc)[:len(value)]
-
         reads_next = [(
             Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
             Mux(cur_valid, _raw(cur.rd_space), _raw(desc.rd_space)),
-            Mux(cur_valid, advanced(it_rd, cur.rd_inc), desc.rd_addr),
-            Mux(cur_valid, advanced(it_rd_end, cur.rd_inc),
-                (desc.rd_addr + desc.extent)[:len(it_rd_end)]))]
+            Mux(cur_valid, rd_adv, desc.rd_addr), Mux(cur_valid, rd_end_adv, rd_end_taken))]
         for k in vrf_built:
-            base = vv_base(desc, k)
             reads_next.append((
                 Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), Const(_vrf_space(k), 4),
-                Mux(cur_valid, advanced(it_vv[k], cur.vv_inc[k]), base),
-                Mux(cur_valid, advanced(it_vv_end[k], cur.vv_inc[k]),
-                    (base + desc.length)[:len(it_vv_end[k])])))
+                Mux(cur_valid, vv_adv[k], vv_base(desc, k)),
+                Mux(cur_valid, vv_end_adv[k], vv_end_taken[k])))
         issued = [(cur.w_space[k], it_wr[k], (it_wr[k] + cur.length)[:a_bits + 1],
                    cur.w_valid[k] & (cur.w_space[k] != Space.NETQ))
                   for k in range(MAX_WRITES)]
@@ -1171,7 +1175,7 @@ class NpuCore(wiring.Component):
             keep = desc_take | (sb_tail != e)
             overlaps = []
             for (s, lo, hi, on), (s_new, lo_new, hi_new, on_new) in zip(sb[e], issued):
-                s_n, lo_n = Mux(keep, _raw(s), _raw(s_new)), Mux(keep, lo, lo_new)
+                s_n, lo_n = Mux(keep, s, _raw(s_new)), Mux(keep, lo, lo_new)
                 hi_n, on_n = Mux(keep, hi, hi_new), Mux(keep, on, on_new)
                 overlaps += [on_n & rv & (s_n == rs) & (lo_n < rhi) & (rlo < hi_n)
                              for (rv, rs, rlo, rhi) in reads_next]
@@ -1218,11 +1222,10 @@ class NpuCore(wiring.Component):
         for k in range(MAX_WRITES):
             m.d.comb += [wq_w.space[k].eq(cur.w_space[k]), wq_w.addr[k].eq(it_wr[k])]
         with m.If(issue):
-            m.d.sync += [it_rd.eq(it_rd + cur.rd_inc), it_mv.eq(it_mv + cur.mv_inc),
-                         left.eq(left - 1)]
-            m.d.sync += [it_vv[k].eq(it_vv[k] + cur.vv_inc[k]) for k in range(vrfs)]
-            m.d.sync += it_rd_end.eq(it_rd_end + cur.rd_inc)
-            m.d.sync += [it_vv_end[k].eq(it_vv_end[k] + cur.vv_inc[k]) for k in vrf_built]
+            m.d.sync += [it_rd.eq(rd_adv), it_mv.eq(it_mv + cur.mv_inc), left.eq(left - 1)]
+            m.d.sync += [it_vv[k].eq(vv_adv[k]) for k in range(vrfs)]
+            m.d.sync += it_rd_end.eq(rd_end_adv)
+            m.d.sync += [it_vv_end[k].eq(vv_end_adv[k]) for k in vrf_built]
             m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
             with m.If(left == 1):
                 m.d.sync += cur_valid.eq(0)
