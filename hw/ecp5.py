@@ -3,7 +3,8 @@
 nextpnr puts only clock nets on the ECP5's global network by itself; any other net, a
 reset among them, goes on the general routing as one net with an arc to every slice it
 reaches. The board's core reset (the sync reset or the link's soft reset) reaches the
-``LSR`` of about 8,700 flip-flops (preset ``ulx3s``). On the general routing, nextpnr's
+``LSR`` of about 8,700 flip-flops (preset ``ulx3s``); the PLL's sync reset
+(:class:`hw.board.pll.EcpPll`) that of about 1,100 more. On the general routing, nextpnr's
 router had 124k of the board's 253k arcs left after 65 minutes; with the reset on a
 global line, as many after 23 (``docs/notes/2026-11-board-build.md``). A ``DCCA`` (the
 global buffer) in front of it moves it onto a global line, which nextpnr routes to

@@ -29,6 +29,7 @@ from amaranth.lib.cdc import AsyncFFSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from host.spec.formats import check_int
+from hw.ecp5 import global_buffer
 
 __all__ = ["DEFAULT_TOLERANCE", "LIMITS", "EcpPll", "LockReset", "PllParams", "pll_params",
            "reachable_range"]
@@ -273,7 +274,9 @@ class EcpPll(wiring.Component):
 
     The domain's clock is ``CLKOP``; its reset is :class:`LockReset`'s, so the domain's
     logic starts ``reset_stages`` cycles after the PLL locks and is reset again if the
-    lock is lost. The domain itself (a ``ClockDomain`` with a synchronous reset) is the
+    lock is lost. Elaborated for the ECP5, that reset reaches the domain through a
+    ``DCCA`` (:func:`hw.ecp5.global_buffer`), on a global line rather than the general
+    routing (about 1,100 flip-flops of the board build take it). The domain itself (a ``ClockDomain`` with a synchronous reset) is the
     parent's to define: Amaranth 0.6 will want a domain defined above every module that
     uses it, not in a submodule such as this one. The instance carries the attributes ``ecppll`` writes: the loop
     filter's (``ICP_CURRENT`` 12, ``LPF_RESISTOR`` 8, ``MFG_ENABLE_FILTEROPAMP`` 1,
@@ -338,6 +341,7 @@ class EcpPll(wiring.Component):
             i_PHASESTEP=1, i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0,
         )
         m.submodules.reset = reset = LockReset(domain=self._domain, stages=self._reset_stages)
+        rst = global_buffer(m, platform, reset.rst, name="reset_buffer")
         m.d.comb += [ClockSignal(self._domain).eq(clkop), reset.locked.eq(self.locked),
-                     ResetSignal(self._domain).eq(reset.rst)]
+                     ResetSignal(self._domain).eq(rst)]
         return m

@@ -189,6 +189,7 @@ def test_ecp_pll_rtlil():
                         ("MFG_ENABLE_FILTEROPAMP", "1"), ("MFG_GMCREF_SEL", "2")]:
         assert f'attribute \\{attr} "{value}"' in text
     assert "wire width 1 \\stage0" in text and "\\stage1" in text
+    assert "DCCA" not in text                       # no global buffer for the simulators
 
 
 def test_ecp_pll_refuses_bad_parameters():
@@ -297,10 +298,13 @@ def test_ulx3s_top_clock(clk_hz, baud):
     lpf = lpf if isinstance(lpf, str) else lpf.decode()
     # nextpnr derives the PLL's output constraint from the oscillator's.
     assert '"G2"' in lpf and "FREQUENCY PORT" in lpf
+    # The core's reset on a global line; with the PLL, the sync reset on another.
     if clk_hz is None:
         assert "EHXPLLL" not in il and "cell \\SGSR " in il
+        assert il.count("cell \\DCCA ") == 1
     else:
         assert il.count("cell \\EHXPLLL ") == 1 and "SGSR" not in il
+        assert il.count("cell \\DCCA ") == 2 and "cell \\DCCA \\reset_buffer" in il
         assert f"parameter \\CLKFB_DIV {top.pll.clkfb_div}" in il
 
 
