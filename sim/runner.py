@@ -302,6 +302,23 @@ def _failed_tests(results_xml: Path) -> tuple[int, list[str]]:
     return ran, failed
 
 
+#: Below this many free bytes on a build folder's disk, a failed build names the disk as
+#: a likely cause: a full disk stops the C++ compiler with little more than make's exit
+#: code at the end of a long log.
+LOW_DISK_BYTES = 2 << 30
+
+
+def build_failure(simulator: str, name: str, build_dir: Path, error) -> str:
+    """The message of a failed build of ``name`` in ``build_dir``, with the free space
+    on that folder's disk when it is under :data:`LOW_DISK_BYTES`."""
+    message = f"{simulator} build of {name} failed: {error}"
+    free = shutil.disk_usage(build_dir).free
+    if free < LOW_DISK_BYTES:
+        message += (f" (only {free / 2**20:,.0f} MiB free on the disk of {build_dir}: "
+                    f"a full disk fails the build)")
+    return message
+
+
 def run_cocotb(
     *,
     name: str,
@@ -420,7 +437,7 @@ def run_cocotb(
                         always=True,
                     )
                 except (RuntimeError, SystemExit) as e:
-                    raise RuntimeError(f"{simulator} build of {name} failed: {e}") from None
+                    raise RuntimeError(build_failure(simulator, name, build_dir, e)) from None
             key_file.write_text(key)
 
     # Run under a shared lock: tests sharing this build may run side by side, but nobody

@@ -1,6 +1,6 @@
 """``sim.runner``'s reading of cocotb's results file (no simulator needed)."""
 
-from sim.runner import _failed_tests, design_text
+from sim.runner import _failed_tests, build_failure, design_text
 
 RESULTS = """<?xml version='1.0' encoding='utf-8'?>
 <testsuites name="cocotb tests"><testsuite name="sim.test_x" tests="3">
@@ -78,3 +78,22 @@ def test_conversion_is_cached_per_design(tmp_path, monkeypatch):
     monkeypatch.setenv("SIM_RECONVERT", "1")
     sim.runner._convert(SmokeAdder(9), name="smoke_cache", platform=None)
     assert len(calls) == 4
+
+
+def test_build_failure_names_a_full_disk(tmp_path, monkeypatch):
+    """A failed build names the free space of its disk when it is low, and only then."""
+    import shutil
+
+    import sim.runner
+
+    usage = shutil.disk_usage(tmp_path)
+    low = usage._replace(free=300 * 2**20)
+    monkeypatch.setattr(sim.runner.shutil, "disk_usage", lambda path: low)
+    text = build_failure("verilator", "npu_x", tmp_path, "Command failed with return code: 2")
+    assert text.startswith("verilator build of npu_x failed: Command failed with return "
+                           "code: 2 (only 300 MiB free on the disk of ")
+    assert text.endswith("a full disk fails the build)")
+    monkeypatch.setattr(sim.runner.shutil, "disk_usage",
+                        lambda path: usage._replace(free=sim.runner.LOW_DISK_BYTES))
+    assert build_failure("icarus", "npu_x", tmp_path, "boom") == \
+        "icarus build of npu_x failed: boom"
