@@ -718,11 +718,18 @@ class NpuCore(wiring.Component):
         win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
         # The two window products are registered (see pix). Combinational, they put two
         # multipliers in front of the plan checks' own (24.8 MHz on the ULX3S,
-        # docs/link-hw.md section 5).
+        # docs/link-hw.md section 5). The extent's two products are registered apart and
+        # summed after (registered as one sum, the 24-bit pitch's two-DSP product and
+        # both adds were the core alone's critical path at 52.2 MHz): win_rows is final
+        # a cycle after the registers, win_cols a cycle after pix, so their sum is final
+        # when the registered sum was.
         cols_t = Signal(3 * 13 + 1)
         m.d.sync += cols_t.eq(pix * win_w * win_h)
-        window_extent = Signal(64)
-        m.d.sync += window_extent.eq((win_h - 1) * pitch + win_w * pix)
+        win_rows = Signal(len(win_h) + len(pitch))      # (win_h - 1) * pitch
+        win_cols = Signal(len(win_w) + len(pix))        # win_w * pix
+        m.d.sync += [win_rows.eq((win_h - 1) * pitch), win_cols.eq(win_w * pix)]
+        window_extent = Signal(max(len(win_rows), len(win_cols)) + 1)
+        m.d.comb += window_extent.eq(win_rows + win_cols)
         groups = Signal(range(c.max_col_tiles + 1))
         m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
         last_iter = Signal(_iter_bits(c))
