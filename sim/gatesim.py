@@ -13,12 +13,13 @@ stages, each with a line when it starts and one with its time, then a summary (a
    :func:`hw.board.board.build_overrides`, the commands of ``build/ulx3s/npu.ys``) into
    the JSON netlist nextpnr reads (``gateboard.json``), then the board flow's netlist
    pass (:func:`hw.ecp5.reset_logic_off_global`), so the netlist is what ``make
-   bitstream`` hands place and route. ``SimBoard`` is what ``ULX3STop`` wraps in the UART and its receive
-   FIFO: DECISIONS ("Board") lets the gate-level run drive the byte streams directly. Its
-   truncation timeout is the simulated board's (:data:`sim.board.SIM_TRUNCATE_CYCLES`),
-   a constant the bench must know. Then :func:`split_nets` writes the same netlist as
-   Verilog with a wire per bit (``gateboard_bits.v``) for Verilator. Both are reused
-   while the RTLIL, the script, the pass and Yosys are unchanged.
+   bitstream`` hands place and route. ``SimBoard`` is what ``ULX3STop`` wraps in the
+   UART and its receive FIFO: DECISIONS ("Board") lets the gate-level run drive the byte
+   streams directly. Its truncation timeout is the simulated board's
+   (:data:`sim.board.SIM_TRUNCATE_CYCLES`), a constant the bench must know. Then
+   :func:`split_nets` writes the same netlist as Verilog with a wire per bit
+   (``gateboard_bits.v``) for Verilator. Both are reused while the RTLIL, the script,
+   the pass and Yosys are unchanged.
 2. **Verilator build** of ``gateboard_bits.v`` with :data:`CELL_MODELS` (``LUT4.v`` and
    ``ecp5_cells.v`` for the fabric, ``DP16KD.v``, ``MULT18X18D.v``), the C++ at ``-O1``,
    only the ports public (:func:`port_config`); reused while the netlist, the models and
@@ -129,10 +130,11 @@ def synthesize(build_dir: Path = BUILD_DIR, config=None, *, out=print, il=None) 
 
 def split_nets(build_dir: Path = BUILD_DIR) -> Path:
     """``build_dir/<NAME>_bits.v``: the netlist ``<NAME>.json`` read back by Yosys (the
-    cells as the black boxes it holds), every multi-bit wire split into single-bit wires (``splitnets``; the
-    ports stay buses) and written again. The cells and their connections are the same;
-    Verilator, which orders logic by variable, then sees no false combinational loops
-    through bus-wide wires (the netlist as written has 204: UNOPTFLAT).
+    cells as the black boxes it holds), every multi-bit wire split into single-bit wires
+    (``splitnets``; the ports stay buses) and written again. The cells and their
+    connections are the same; Verilator, which orders logic by variable, then sees no
+    false combinational loops through bus-wide wires (the netlist as written has 204:
+    UNOPTFLAT).
 
     Raises
     ------
@@ -349,7 +351,7 @@ def main(argv=None, *, out=None) -> int:
     def stage_line(i, text):
         out(f"[{i}/{len(STAGES)}] {STAGES[i - 1]}{text}")
 
-    # 1. synthesis (skipped when the RTLIL, the script and Yosys are unchanged)
+    # 1. synthesis (skipped when the RTLIL, the script, the pass and Yosys are unchanged)
     t0 = time.monotonic()
     stage_line(1, ": elaborate SimBoard for the ECP5, synth_ecp5 with the board flow's "
                "script, write_json, reset_logic_off_global ...")
@@ -357,7 +359,7 @@ def main(argv=None, *, out=None) -> int:
     netlist, key_file = build_dir / f"{NAME}.json", build_dir / ".synth-key"
     if key_file.is_file() and key_file.read_text() == key and netlist.is_file():
         built["synthesis"] = False
-        out(f"      netlist {netlist} is up to date (same RTLIL, script and Yosys)")
+        out(f"      netlist {netlist} is up to date (same RTLIL, script, pass and Yosys)")
     else:
         key_file.unlink(missing_ok=True)
         with _Heartbeat("synthesis", build_dir / "yosys.log", out):

@@ -274,12 +274,13 @@ class EcpPll(wiring.Component):
 
     The domain's clock is ``CLKOP``; its reset is :class:`LockReset`'s, so the domain's
     logic starts ``reset_stages`` cycles after the PLL locks and is reset again if the
-    lock is lost. Elaborated for the ECP5, that reset reaches the domain through a
-    ``DCCA`` (:func:`hw.ecp5.global_buffer`), on a global line rather than the general
-    routing (about 1,100 flip-flops of the board build take it). The domain itself (a ``ClockDomain`` with a synchronous reset) is the
-    parent's to define: Amaranth 0.6 will want a domain defined above every module that
-    uses it, not in a submodule such as this one. The instance carries the attributes ``ecppll`` writes: the loop
-    filter's (``ICP_CURRENT`` 12, ``LPF_RESISTOR`` 8, ``MFG_ENABLE_FILTEROPAMP`` 1,
+    lock is lost. Elaborated for the ECP5, that reset reaches the domain through a ``DCCA``
+    (:func:`hw.ecp5.global_buffer`), on a global line rather than the general routing
+    (about 1,100 flip-flops of the board build take it). The domain itself (a
+    ``ClockDomain`` with a synchronous reset) is the parent's to define: Amaranth 0.6 will
+    want a domain defined above every module that uses it, not in a submodule such as this
+    one. The instance carries the attributes ``ecppll`` writes: the loop filter's
+    (``ICP_CURRENT`` 12, ``LPF_RESISTOR`` 8, ``MFG_ENABLE_FILTEROPAMP`` 1,
     ``MFG_GMCREF_SEL`` 2) and ``FREQUENCY_PIN_CLKI``/``FREQUENCY_PIN_CLKOP`` (MHz; nextpnr
     derives ``CLKOP``'s timing constraint from the input's and the dividers itself).
 

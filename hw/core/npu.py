@@ -718,13 +718,12 @@ class NpuCore(wiring.Component):
         win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
         # The two window products are registered (see pix). Combinational, they put two
         # multipliers in front of the plan checks' own (24.8 MHz on the ULX3S,
-        # docs/link-hw.md section 5). The extent's two products are registered apart and
-        # summed after (registered as one sum, the 24-bit pitch's two-DSP product and
-        # both adds were the core alone's critical path at 52.2 MHz): win_rows is final
-        # a cycle after the registers, win_cols a cycle after pix, so their sum is final
-        # when the registered sum was.
-        # win_area is final with pix (both a cycle after the registers), so cols_t is
-        # final when it was as pix * win_w * win_h in one cycle (then the path, 54.5 MHz).
+        # docs/link-hw.md section 5). Each holds one product in its cycle (a product of
+        # three, or two products and a sum, was the core alone's path at 52.2 and 54.5
+        # MHz): win_area is final with pix, a cycle after the registers, so cols_t is
+        # final when pix * win_w * win_h was; win_rows is final a cycle after the
+        # registers and win_cols a cycle after pix, so their sum is final when the
+        # registered sum was.
         win_area = Signal(len(win_w) + len(win_h))      # win_w * win_h
         m.d.sync += win_area.eq(win_w * win_h)
         cols_t = Signal(len(pix) + len(win_area))
