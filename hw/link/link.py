@@ -5,13 +5,16 @@ against the host ports of an :class:`hw.core.npu.NpuCore`, reply for reply and b
 what ``host.runtime.server.ProtocolServer`` answers over ``host.model.core.NpuModel`` (the RUN reply
 reports the core's measured ``cycles`` and ``pc`` instead of the model's prediction).
 
-* The input message processor (IMP) hunts for frames on a sliding 8-byte header window
-  (sync and CRC-16 checked in one cycle), buffers the payload with its CRC-32 trailer in
-  an 8 KiB circular byte buffer, checks the CRC-32 as the bytes arrive, and executes a
-  frame only once it is known good. After a bad CRC or a truncation it re-scans the
-  buffered bytes from the one after the failed frame's sync, as ``FrameDecoder`` does.
+* The input message processor (IMP): :class:`hw.link.scanner.FrameScanner` hunts for
+  frames on a sliding 8-byte header window (sync and CRC-16 checked in one cycle),
+  buffers the payload with its CRC-32 trailer in an 8 KiB circular byte buffer and checks
+  the CRC-32 as the bytes arrive; after a bad CRC or a truncation it re-scans the buffered
+  bytes from the one after the failed frame's sync, as ``FrameDecoder`` does.
+  :class:`NpuLink`'s state machine, the executor, executes a frame only once it is known
+  good, after :class:`hw.link.checks.RequestChecks` has checked it.
 * :class:`ReplyFramer`, the output message processor (OMP), turns a reply header
   command and a stream of body bytes into a frame: sync, header, CRC-16, body, CRC-32.
+  The fixed-shape bodies come from :class:`hw.link.template.ReplyTemplate`.
 
 Requests run one at a time, to the end: the link takes no new byte while it executes a
 request or sends its reply (a FIFO in front of ``rx`` absorbs a UART meanwhile), and a
@@ -34,15 +37,15 @@ from host.spec.isa import ErrorCode, Space, vector_spaces
 from host.spec.counters import MVM_COUNTERS, counter_names
 from host.spec.protocol import MAX_PAYLOAD, Opcode, Status
 
-from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc
 from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore, vector_space_exists
+from hw.link.checks import RequestChecks
+from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc
+from hw.link.scanner import BUFFER_BYTES, FrameScanner
+from hw.link.template import ReplyTemplate, TemplateRom
 
 __all__ = ["NpuLink", "ReplyFramer", "reply_command_layout", "RUN_ENTRIES", "BUFFER_BYTES",
            "counter_names"]
 
-#: Bytes of the IMP's circular receive buffer: a whole frame (8 + 4096 + 4 bytes) and the
-#: start of one found while re-scanning it, rounded up to a power of two (four DP16KD).
-BUFFER_BYTES = 8192
 #: Entries of the RUN reply, in order: clock cycles from ``run`` to ``done`` as the core
 #: counted them, and the index of the ``end`` reached or of the failing instruction.
 RUN_ENTRIES = ("cycles", "pc")
@@ -134,49 +137,6 @@ class ReplyFramer(wiring.Component):
         return m
 
 
-class _Template:
-    """Reply bodies of fixed shape (INFO, STATUS, READ_COUNTERS, RUN entries) as one ROM
-    of bytes, each either a constant or byte ``j`` of a live value (a counter, a level),
-    so the entry names stream from the ROM and the values from the core."""
-
-    def __init__(self):
-        self.rom = []                 # (constant byte, source index); source 0: constant
-        self.sources = [None]
-        self._index = {}
-        self.segments = {}
-
-    def _source(self, key, j):
-        if (key, j) not in self._index:
-            self._index[key, j] = len(self.sources)
-            self.sources.append((key, j))
-        return self._index[key, j]
-
-    def segment(self, name, items):
-        """``items``: ints (constant bytes) or ``(key, width_bytes)`` for a little-endian
-        field of live value ``key``."""
-        start = len(self.rom)
-        for item in items:
-            if isinstance(item, int):
-                self.rom.append((item, 0))
-            else:
-                key, size = item
-                self.rom += [(0, self._source(key, j)) for j in range(size)]
-        self.segments[name] = (start, len(self.rom))
-
-    @staticmethod
-    def entries(names):
-        """Entry-list items (``pack_entries`` form) of live values ``names``."""
-        items = []
-        for name in names:
-            raw = name.encode("ascii")
-            items += [len(raw), *raw, (name, 8)]
-        return items
-
-    def length(self, name):
-        start, end = self.segments[name]
-        return end - start
-
-
 class NpuLink(wiring.Component):
     """IMP and OMP between a byte stream and the host ports of an NPU core.
 
@@ -234,7 +194,7 @@ class NpuLink(wiring.Component):
     # ------------------------------------------------------------------------------------
     def _template(self):
         c = self._config
-        t = _Template()
+        t = TemplateRom()
         info = p.pack_info(p.info_entries(c))
         t.segment("info", list(info))
         t.segment("status", [("error", 1), ("flags", 1), 0, 0, ("input_level", 4),
@@ -255,122 +215,44 @@ class NpuLink(wiring.Component):
         excess_mask = ((1 << (8 * mb - m_bits)) - 1) << (8 - (8 * mb - m_bits)) & 0xFF
         vrf_spaces = 2 * c.mfus
         log2n = ceil_log2(n)
-        abits = ceil_log2(BUFFER_BYTES)
+        core_error = Value.cast(core.error)
 
         m.submodules.omp = omp = ReplyFramer()
         wiring.connect(m, omp.tx, wiring.flipped(self.tx))
-        m.submodules.rx_crc = rx_crc = ByteCrc(CRC32)
-
-        buf = Memory(shape=8, depth=BUFFER_BYTES, init=[])
-        m.submodules.buf = buf
-        bw = buf.write_port()
-        br = buf.read_port(domain="sync", transparent_for=())
+        m.submodules.scanner = scanner = FrameScanner(truncate_cycles=self._truncate_cycles)
+        wiring.connect(m, wiring.flipped(self.rx), scanner.rx)
+        m.submodules.checks = checks = RequestChecks(c, level_bits=len(core.inq_level))
         staging = Memory(shape=64, depth=c.program_depth, init=[])
         m.submodules.staging = staging
         sw = staging.write_port()
         sr = staging.read_port(domain="sync", transparent_for=())
 
-        # --- template ROM ---------------------------------------------------------------
         t = self._template()
-        live = {
-            "error": Value.cast(core.error), "flags": core.busy,
-            "input_level": core.inq_level, "output_level": core.outq_level,
-            "cycles": core.cycles, "pc": core.pc,
-        }
+        live = {"error": core_error, "flags": core.busy, "input_level": core.inq_level,
+                "output_level": core.outq_level, "cycles": core.cycles, "pc": core.pc}
         for name in MVM_COUNTERS:
             live[name] = getattr(core, name)
         for k in range(c.mfus):
             live[f"mfu{k}_overflow"] = core.mfu_overflow[k]
             live[f"mfu{k}_nan_created"] = core.mfu_nan_created[k]
-        src_bits = bits_for(len(t.sources) - 1)
-        rom = Memory(shape=8 + src_bits, depth=len(t.rom),
-                     init=[const | src << 8 for const, src in t.rom])
-        m.submodules.template = rom
-        # A template byte takes four cycles (timing closure: the ROM and the multiplexer
-        # over every live byte fed the OMP's CRC-32 in one cycle): T_ROM reads the ROM
-        # entry (Yosys makes it a block RAM), T_HOLD registers it, T_PICK the byte it
-        # names, E_TMPL sends it. The core is idle, so its values hold meanwhile.
-        rom_rp = rom.read_port(domain="comb")
-        tmpl_read = Signal(8 + src_bits)
-        tmpl_entry = Signal(8 + src_bits)
-        tmpl_byte = Signal(8)
-        tmpl_pick = Signal(8)
-        with m.Switch(tmpl_entry[8:]):
-            with m.Case(0):
-                m.d.comb += tmpl_pick.eq(tmpl_entry[:8])
-            for index, (key, j) in enumerate(t.sources[1:], start=1):
-                with m.Case(index):
-                    m.d.comb += tmpl_pick.eq(Cat(Value.cast(live[key]), Const(0, 64))
-                                             [8 * j:8 * j + 8])
+        live = {key: Value.cast(live[key]) for key in t.live_keys()}
+        m.submodules.template = template = ReplyTemplate(
+            t, {key: len(value) for key, value in live.items()})
+        m.d.comb += [template.live[key].eq(value) for key, value in live.items()]
 
-        # =================================================================================
-        # IMP receive side: byte supply, sliding header window, payload, CRC-32
-        # =================================================================================
-        R = Signal(abits)             # next byte to supply to the scanner
-        F = Signal(abits)             # next free buffer place (R == F: take from rx)
-        win = Signal(64)              # the last 8 bytes scanned, newest in the top byte
-        win_count = Signal(range(9))  # of which belong to the current scan
-        in_body = Signal()
-        flushing = Signal()           # answering the link going idle, through the buffer
-        start = Signal(abits)         # buffer place of the current header's first byte
-        h_op = Signal(8)
-        h_tag = Signal(8)
-        h_len = Signal(range(MAX_PAYLOAD + 1))
-        got = Signal(range(MAX_PAYLOAD + 5))
-        left = Signal(range(MAX_PAYLOAD + 4))        # body bytes after the one scanned
-        prefix = Signal(64)           # the payload's first 8 bytes
-        timer = Signal(range(self._truncate_cycles + 1))
-        # timer == truncate_cycles, a flip-flop (timing closure: the compare fed the
-        # scanner's idle decision).
-        timed_out = Signal()
-        rd_addr_q = Signal(abits)     # buffer address read last cycle
-
-        def winb(i):
-            return win.word_select(i, 8)
-
-        # The byte supply (rx, or the buffer when re-scanning) hands the scanner one
-        # registered byte (timing closure: the buffer's block RAM output, 5.8 ns
-        # clock-to-out on the ECP5, went on through the header check, the CRC-32 and the
-        # scanner's decisions in one cycle). The scanner takes it the next cycle. On a
-        # byte that may end the scan (a frame's last byte, or one that may complete a
-        # header: the sync sits in the window) the supply pauses, so no byte is ever
-        # taken that the scan would not reach and ``R`` is the place after it.
-        scan_byte = Signal(8)
-        scan_v = Signal()             # scan_byte holds a byte to scan this cycle
-        scan_at = Signal(abits)       # its buffer place
-        # The header window's checks of the bytes already in it, registered as each
-        # byte slides in: its bytes 1..6 begin with the sync, their CRC-16, and the
-        # length field (bytes 5, 6) is over MAX_PAYLOAD.
-        win_sync = Signal()
-        win_crc = Signal(16)
-        win_len_over = Signal()
-        from_buf = R != F
+        header = scanner.header
+        h_op, h_tag = header.opcode, header.tag
         recv = Signal()               # the FSM is in RECV
-        may_end = scan_v & Mux(in_body, left == 0, (win_count >= 7) & win_sync)
-        supply = recv & ~may_end
-        rx_take = Signal()
-        m.d.comb += [
-            self.rx.ready.eq(supply & ~from_buf & ~flushing),
-            rx_take.eq(self.rx.ready & self.rx.valid),
-            br.en.eq(1),
-            bw.addr.eq(F), bw.data.eq(self.rx.payload), bw.en.eq(rx_take),
-        ]
-        m.d.sync += rd_addr_q.eq(br.addr)
-        buf_take = supply & from_buf & (rd_addr_q == R)
-        m.d.sync += scan_v.eq(rx_take | buf_take)
-        with m.If(rx_take | buf_take):
-            m.d.sync += [scan_byte.eq(Mux(from_buf, br.data, self.rx.payload)),
-                         scan_at.eq(R), R.eq(R + 1)]
-        with m.If(rx_take):
-            m.d.sync += [F.eq(F + 1), timer.eq(0), timed_out.eq(0)]
-        with m.Elif(~timed_out):
-            m.d.sync += [timer.eq(timer + 1),
-                         timed_out.eq(timer + 1 == self._truncate_cycles)]
-
-        byte = scan_byte
-        header_ok = (win_count >= 7) & win_sync & (win_crc == Cat(winb(7), byte))
-        new_len = Cat(winb(5), winb(6))
-        m.d.comb += [rx_crc.data.eq(byte)]
+        verify = Signal()             # the FSM is in VERIFY
+        rd_addr = Signal(len(scanner.read_addr))     # the executor's buffer address
+        m.d.comb += [scanner.recv.eq(recv), scanner.verify.eq(verify),
+                     scanner.read_addr.eq(rd_addr),
+                     checks.header.eq(header), checks.prefix.eq(scanner.prefix),
+                     checks.inq_level.eq(core.inq_level),
+                     checks.outq_level.eq(core.outq_level),
+                     checks.halted.eq(core_error != ErrorCode.NONE.value)]
+        payload_at = scanner.payload_at
+        buf_data = scanner.read_data
 
         # =================================================================================
         # Executor state
@@ -382,12 +264,11 @@ class NpuLink(wiring.Component):
         t_pos = Signal(range(len(t.rom) + 1))
         t_end = Signal(range(len(t.rom) + 1))
         then_data = Signal()          # READ/POP: the words follow the status byte
-        m.d.comb += rom_rp.addr.eq(t_pos)
+        m.d.comb += template.pos.eq(t_pos)
 
-        payload_at = Signal(abits)    # buffer place of the payload's first byte
-        acc = data.View(p.ACCESS_LAYOUT, prefix)
-        prg = data.View(p.PROGRAM_LAYOUT, prefix)
-        pop = data.View(p.POP_LAYOUT, prefix[:16])
+        acc = data.View(p.ACCESS_LAYOUT, scanner.prefix)
+        prg = data.View(p.PROGRAM_LAYOUT, scanner.prefix)
+        pop = data.View(p.POP_LAYOUT, scanner.prefix[:16])
 
         count = Signal(16)            # words of the request
         idx = Signal(16)              # words done
@@ -397,7 +278,7 @@ class NpuLink(wiring.Component):
         idx_last = Signal()
         wb = Signal(range(wb_max + 1))
         word = Signal(8 * wb_max)
-        bp = Signal(abits)            # buffer read pointer of the loader
+        bp = Signal(len(payload_at))  # buffer read pointer of the loader
         iss = Signal(range(wb_max + 1))
         ld_v = Signal()
         ld_k = Signal(range(wb_max + 1))
@@ -415,6 +296,7 @@ class NpuLink(wiring.Component):
         staged = Signal(PROGRAM_ADDR_BITS + 1)
         staged_total = Signal(32)
         staged_last = Signal()        # P_SWRITE: the last staged word
+        m.d.comb += [checks.staged.eq(staged), checks.staged_total.eq(staged_total)]
         bad = Signal()
         phase = Signal()
         ps_v = Signal()
@@ -468,136 +350,39 @@ class NpuLink(wiring.Component):
                 m.next = "RECV"
 
         def halted():
-            return Value.cast(core.error) != ErrorCode.NONE.value
+            return core_error != ErrorCode.NONE.value
 
-        core_error = Value.cast(core.error)
-
-        # Sizes by space (WRITE/READ): depth in words, word bytes.
+        # WRITE/READ: the space and the flat address's row, engine and slot.
         sp = acc.space
         is_mrf = sp == Space.MRF.value
-        is_vec = vector_space_exists(c, sp)
-        depth = Mux(is_mrf, c.mrf_words, Mux(sp == Space.IVRF.value, c.ivrf_depth,
-                                             c.vrf_depth))
         flat = acc.addr[:bits_for(c.mrf_words)]
         rest = flat >> log2n
-        L = h_len
         is_read = h_op == Opcode.READ.value
-        words = (L - 8) >> 3                         # LOAD_PROGRAM
-        vectors = L >> ceil_log2(vb)                 # PUSH_INPUT
-
-        # The checks take three cycles once a frame is known good (timing closure: the
-        # sizes came out of a MULT18X18D into adders, comparators and the priority chain
-        # in one cycle): SIZES registers the products and sums of the header and prefix,
-        # CHECKS every comparison as one flag, and DECIDE only chooses among the flags.
-        # The core is idle meanwhile (no RUN is in progress), so its levels hold.
-        data_bytes = Signal(16 + bits_for(wb_max))   # WRITE/READ: count words' bytes
-        access_end = Signal(33)                      # addr + count
-        access_depth = Signal(range(max(c.mrf_words, c.ivrf_depth, c.vrf_depth) + 1))
-        program_end = Signal(33)                     # offset + words
-        pop_bytes = Signal(16 + bits_for(vb))        # POP_OUTPUT: count vectors' bytes
-        inq_after = Signal(len(core.inq_level) + 16)
-        bad_length = Signal()         # the length does not fit the opcode
-        bad_space = Signal()
-        bad_count = Signal()
-        bad_size = Signal()           # WRITE: the length is not the words'
-        bad_address = Signal()
-        program_more = Signal()       # LOAD_PROGRAM: not the last chunk
-        queue_full = Signal()
-        queue_empty = Signal()
-        halted_at = Signal()          # the core's error was set (halting rule)
 
         with m.FSM(name="link"):
             with m.State("START"):
                 m.next = "RECV"           # as ReplyFramer's START
-            # --- scanning -------------------------------------------------------------
+            # --- a request: the scanner's events -----------------------------------------
             with m.State("RECV"):
-                m.d.comb += [recv.eq(1), br.addr.eq(R)]
-                with m.If(scan_v):
-                    with m.If(~in_body):
-                        m.d.sync += [win.eq(Cat(win[8:], byte)),
-                                     win_count.eq(Mux(win_count == 8, 8, win_count + 1)),
-                                     win_sync.eq((winb(2) == _SYNC0) & (winb(3) == _SYNC1)),
-                                     win_crc.eq(CRC16_CCITT_FALSE.of_bytes(
-                                         [winb(i) for i in range(2, 8)])),
-                                     win_len_over.eq(Cat(winb(6), winb(7)) > MAX_PAYLOAD)]
-                        with m.If(header_ok):
-                            m.d.sync += [h_op.eq(winb(3)), h_tag.eq(winb(4)),
-                                         start.eq(scan_at - 7)]
-                            with m.If(win_len_over):
-                                refuse(Status.BAD_LENGTH)
-                            with m.Else():
-                                m.d.sync += [in_body.eq(1), got.eq(0), h_len.eq(new_len),
-                                             left.eq(new_len + 3)]
-                                m.d.comb += rx_crc.clear.eq(1)
-                    with m.Else():
-                        m.d.comb += rx_crc.en.eq(1)
-                        m.d.sync += [got.eq(got + 1), left.eq(left - 1)]
-                        for i in range(8):
-                            with m.If(got == i):
-                                m.d.sync += prefix.word_select(i, 8).eq(byte)
-                        with m.If(left == 0):
-                            # The trailer's last byte: the CRC-32 register is checked
-                            # against the residue the next cycle (VERIFY).
-                            m.d.sync += [in_body.eq(0), win_count.eq(0)]
-                            m.next = "VERIFY"
-                with m.Elif(~from_buf & (flushing | (~self.rx.valid
-                                                    & timed_out))):
-                    # The link is idle: an incomplete frame is TRUNCATED and the bytes
-                    # after its sync re-scanned; what cannot start a frame is dropped.
-                    m.d.sync += win_count.eq(0)
-                    with m.If(in_body):
-                        m.d.sync += [R.eq(start + 1), in_body.eq(0), flushing.eq(1)]
-                        refuse(Status.TRUNCATED)
-                    with m.Else():
-                        m.d.sync += flushing.eq(0)
-
+                m.d.comb += recv.eq(1)
+                with m.If(scanner.bad_length):
+                    refuse(Status.BAD_LENGTH)
+                with m.Elif(scanner.frame_end):
+                    m.next = "VERIFY"
+                with m.Elif(scanner.truncated):
+                    refuse(Status.TRUNCATED)
             with m.State("VERIFY"):
-                with m.If(rx_crc.value == CRC32.residue ^ CRC32.xorout):
-                    m.d.sync += payload_at.eq(start + 8)
+                m.d.comb += verify.eq(1)
+                with m.If(scanner.crc_ok):
                     m.next = "SIZES"
                 with m.Else():
-                    m.d.sync += R.eq(start + 1)
                     refuse(Status.BAD_CRC)
 
-            # --- checks, in ProtocolServer's order ---------------------------------------
+            # --- checks, in ProtocolServer's order: RequestChecks's flags two cycles
+            # after the frame (SIZES, CHECKS), chosen among in DECIDE ------------------
             with m.State("SIZES"):
-                m.d.sync += [data_bytes.eq(Mux(is_mrf, acc.count * mb, acc.count * vb)),
-                             access_end.eq(acc.addr + acc.count), access_depth.eq(depth),
-                             program_end.eq(prg.offset + words),
-                             pop_bytes.eq(pop.count * vb),
-                             inq_after.eq(core.inq_level + vectors)]
                 m.next = "CHECKS"
             with m.State("CHECKS"):
-                m.d.sync += halted_at.eq(halted())
-                with m.Switch(h_op):
-                    with m.Case(Opcode.WRITE, Opcode.READ):
-                        m.d.sync += [
-                            bad_length.eq((L < 8) | (is_read & (L != 8))),
-                            bad_space.eq(~is_mrf & ~is_vec),
-                            bad_count.eq((acc.count == 0)
-                                         | (is_read & (1 + data_bytes > MAX_PAYLOAD))),
-                            bad_size.eq(~is_read & (L != 8 + data_bytes)),
-                            bad_address.eq(access_end > access_depth)]
-                    with m.Case(Opcode.LOAD_PROGRAM):
-                        expect = Mux(prg.offset == 0, 0, staged)
-                        m.d.sync += [
-                            bad_length.eq((L < 8) | (L[:3] != 0)),
-                            bad_count.eq((words == 0) | (prg.total == 0)
-                                         | (prg.total > c.program_depth)),
-                            bad_address.eq((prg.offset != expect)
-                                           | ((prg.offset != 0) & (prg.total != staged_total))
-                                           | (program_end > prg.total)),
-                            program_more.eq(program_end < prg.total)]
-                    with m.Case(Opcode.PUSH_INPUT):
-                        m.d.sync += [bad_length.eq((L == 0) | (L[:ceil_log2(vb)] != 0)),
-                                     queue_full.eq(inq_after > c.netq_depth)]
-                    with m.Case(Opcode.POP_OUTPUT):
-                        m.d.sync += [bad_length.eq(L != 2),
-                                     bad_count.eq((pop.count == 0)
-                                                  | (1 + pop_bytes > MAX_PAYLOAD)),
-                                     queue_empty.eq(core.outq_level < pop.count)]
-                    with m.Default():
-                        m.d.sync += bad_length.eq(L != 0)
                 m.next = "DECIDE"
             with m.State("DECIDE"):
                 m.d.sync += [bad.eq(0), idx.eq(0), bp.eq(payload_at + 8)]
@@ -607,34 +392,34 @@ class NpuLink(wiring.Component):
                                      vaddr.eq(acc.addr), row.eq(flat[:log2n] if log2n else 0),
                                      eng.eq(rest % c.tiles), slot.eq(rest // c.tiles),
                                      wb.eq(Mux(is_mrf, mb, vb))]
-                        with m.If(bad_length):
+                        with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(bad_space):
+                        with m.Elif(checks.bad_space):
                             refuse(Status.BAD_SPACE)
-                        with m.Elif(bad_count):
+                        with m.Elif(checks.bad_count):
                             refuse(Status.BAD_COUNT)
-                        with m.Elif(bad_size):
+                        with m.Elif(checks.bad_size):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(bad_address):
+                        with m.Elif(checks.bad_address):
                             refuse(Status.BAD_ADDRESS)
                         with m.Elif(is_read):
                             m.d.sync += job.eq(Mux(is_mrf, J_RMRF, J_RVEC))
-                            reply(Status.OK, 1 + data_bytes, data_follows=True)
+                            reply(Status.OK, 1 + checks.data_bytes, data_follows=True)
                         with m.Elif(is_mrf):
                             m.d.sync += [phase.eq(0), bp.eq(payload_at + 8)]
                             m.next = "PRESCAN"
                         with m.Else():
                             load(J_WVEC)
                     with m.Case(Opcode.LOAD_PROGRAM):
-                        m.d.sync += [count.eq(words), prog_off.eq(prg.offset),
+                        m.d.sync += [count.eq(checks.words), prog_off.eq(prg.offset),
                                      wb.eq(8)]
-                        with m.If(bad_length):
+                        with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(bad_count):
+                        with m.Elif(checks.bad_count):
                             refuse(Status.BAD_COUNT)
-                        with m.Elif(bad_address):
+                        with m.Elif(checks.bad_address):
                             refuse(Status.BAD_ADDRESS)
-                        with m.Elif(program_more):
+                        with m.Elif(checks.program_more):
                             with m.If(prg.offset == 0):
                                 m.d.sync += staged_total.eq(prg.total)
                             load(J_STAGE)
@@ -645,39 +430,39 @@ class NpuLink(wiring.Component):
                             with m.Else():
                                 m.next = "P_SREAD"
                     with m.Case(Opcode.PUSH_INPUT):
-                        m.d.sync += [count.eq(vectors), wb.eq(vb), bp.eq(payload_at)]
-                        with m.If(bad_length):
+                        m.d.sync += [count.eq(checks.vectors), wb.eq(vb), bp.eq(payload_at)]
+                        with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(halted_at):
+                        with m.Elif(checks.halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
-                        with m.Elif(queue_full):
+                        with m.Elif(checks.queue_full):
                             refuse(Status.QUEUE_FULL)
                         with m.Else():
                             load(J_PUSH)
                     with m.Case(Opcode.RUN):
-                        with m.If(bad_length):
+                        with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(halted_at):
+                        with m.Elif(checks.halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
                         with m.Else():
                             m.d.comb += core.run.eq(1)
                             m.next = "RUN_START"
                     with m.Case(Opcode.POP_OUTPUT):
                         m.d.sync += [count.eq(pop.count), wb.eq(vb), job.eq(J_POP)]
-                        with m.If(bad_length):
+                        with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
-                        with m.Elif(halted_at):
+                        with m.Elif(checks.halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
-                        with m.Elif(bad_count):
+                        with m.Elif(checks.bad_count):
                             refuse(Status.BAD_COUNT)
-                        with m.Elif(queue_empty):
+                        with m.Elif(checks.queue_empty):
                             refuse(Status.QUEUE_EMPTY)
                         with m.Else():
-                            reply(Status.OK, 1 + pop_bytes, data_follows=True)
+                            reply(Status.OK, 1 + checks.pop_bytes, data_follows=True)
                     # The requests without a payload.
                     with m.Case(Opcode.INFO, Opcode.READ_COUNTERS, Opcode.CLEAR_COUNTERS,
                                 Opcode.RESET, Opcode.STATUS, Opcode.CLEAR_ERROR):
-                        with m.If(bad_length):
+                        with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
                         with m.Elif(h_op == Opcode.INFO.value):
                             reply(Status.OK, 1 + t.length("info"), "info")
@@ -699,15 +484,15 @@ class NpuLink(wiring.Component):
                     with m.Default():
                         refuse(Status.UNKNOWN_OPCODE)
 
-            # --- words from the buffer ----------------------------------------------------
+            # --- checks.words from the buffer ----------------------------------------------------
             with m.State("LOAD"):
                 issue = iss < wb
-                m.d.comb += br.addr.eq(bp)
+                m.d.comb += rd_addr.eq(bp)
                 with m.If(issue):
                     m.d.sync += [bp.eq(bp + 1), iss.eq(iss + 1)]
                 m.d.sync += [ld_v.eq(issue), ld_k.eq(iss)]
                 with m.If(ld_v):
-                    m.d.sync += [ld_byte.eq(br.data), ld_put.eq(1), ld_put_k.eq(ld_k)]
+                    m.d.sync += [ld_byte.eq(buf_data), ld_put.eq(1), ld_put_k.eq(ld_k)]
                 with m.If(ld_put):
                     for i in range(wb_max):
                         with m.If(ld_put_k == i):
@@ -744,10 +529,10 @@ class NpuLink(wiring.Component):
                     m.d.sync += vaddr.eq(vaddr + 1)
                     next_word(ok)
 
-            # MRF words: every word checked before any is written (the model refuses the
+            # MRF checks.words: every word checked before any is written (the model refuses the
             # whole request with MRF_WORD, nothing written).
             with m.State("PRESCAN"):
-                m.d.comb += br.addr.eq(Mux(phase, bp + mb - 1, bp))
+                m.d.comb += rd_addr.eq(Mux(phase, bp + mb - 1, bp))
                 more = idx != count
                 with m.If(more):
                     m.d.sync += [ps_v.eq(1), ps_last.eq(phase)]
@@ -759,7 +544,7 @@ class NpuLink(wiring.Component):
                     with m.If(word_done):
                         m.d.sync += [bp.eq(bp + mb), idx.eq(idx + 1)]
                 with m.If(ps_v):
-                    m.d.sync += [ps_byte.eq(br.data), ps_check.eq(1),
+                    m.d.sync += [ps_byte.eq(buf_data), ps_check.eq(1),
                                  ps_check_last.eq(ps_last)]
                 with m.If(ps_check):
                     with m.If(~ps_check_last & (ps_byte > MAX_EXPONENT_CODE)):
@@ -792,7 +577,7 @@ class NpuLink(wiring.Component):
                     ok()
                 next_word(staged_done)
 
-            # The staged words to the core; the last one is known in P_SREAD, a cycle
+            # The staged checks.words to the core; the last one is known in P_SREAD, a cycle
             # before it is needed (timing closure).
             with m.State("P_SREAD"):
                 m.d.comb += sr.addr.eq(vaddr)
@@ -870,7 +655,7 @@ class NpuLink(wiring.Component):
                               & (slot == c.mrf_depth - 1)):
                         ok()
 
-            # --- reply: header command, status, code, template, then data words ----------
+            # --- reply: header command, status, code, template, then data checks.words ----------
             with m.State("E_CMD"):
                 m.d.comb += [omp.cmd.valid.eq(1), omp.cmd.payload.opcode.eq(h_op),
                              omp.cmd.payload.tag.eq(h_tag), omp.cmd.payload.length.eq(rlen)]
@@ -893,17 +678,15 @@ class NpuLink(wiring.Component):
                 m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(code)]
                 with m.If(omp.body.ready):
                     template_or_after()
+            # ReplyTemplate's byte is ready three cycles after t_pos.
             with m.State("T_ROM"):
-                m.d.sync += tmpl_read.eq(rom_rp.data)
                 m.next = "T_HOLD"
             with m.State("T_HOLD"):
-                m.d.sync += tmpl_entry.eq(tmpl_read)
                 m.next = "T_PICK"
             with m.State("T_PICK"):
-                m.d.sync += tmpl_byte.eq(tmpl_pick)
                 m.next = "E_TMPL"
             with m.State("E_TMPL"):
-                m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(tmpl_byte)]
+                m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(template.byte)]
                 with m.If(omp.body.ready):
                     m.d.sync += t_pos.eq(t_pos + 1)
                     with m.If(t_pos + 1 == t_end):
@@ -960,7 +743,7 @@ class NpuLink(wiring.Component):
                             m.next = "D_REQ"
 
         m.d.comb += [
-            self.waiting.eq(recv & ~scan_v & ~from_buf & ~flushing & omp.idle),
-            self.partial.eq(scan_v | in_body | (win_count != 0)),
+            self.waiting.eq(recv & scanner.idle & omp.idle),
+            self.partial.eq(scanner.partial),
         ]
         return m
