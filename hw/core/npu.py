@@ -219,6 +219,11 @@ def _raw(value):
     return Value.cast(value)
 
 
+def _lowest(value):
+    """The lowest set bit of ``value`` alone (0 when none is set)."""
+    return value & (~value + 1)
+
+
 def _any(values):
     result = Const(0, 1)
     for v in values:
@@ -837,17 +842,38 @@ class NpuCore(wiring.Component):
         # The pairs in one memory, registered (the v_wr's spaces are final the cycle
         # before CHECK, which loads them into haz_mask).
         cand = Signal(len(pairs))
+        cand_next = Signal(len(pairs))
+        cand_low = Signal(len(pairs))                   # lowest set bit of cand
         for i, (_, ka, kb) in enumerate(pairs):
             va, sa = ranges[ka][:2]
             vb, sb = ranges[kb][:2]
-            m.d.sync += cand[i].eq(va & vb & (sa == sb))
-        # haz_mask: the pairs not decided yet; haz_next its value next cycle. The pair
-        # the walk decides next (the lowest of haz_next) is picked a cycle ahead: its
-        # start difference d, step s and last_iter * s are registered (pick_*), so
-        # HAZARD_PICK starts from registers.
+            m.d.comb += cand_next[i].eq(va & vb & (sa == sb))
+        m.d.sync += [cand.eq(cand_next), cand_low.eq(_lowest(cand_next))]
+        # haz_mask: the pairs not decided yet; haz_next its value next cycle: the
+        # candidates in CHECK, haz_mask less the pair decided in HAZARD_PICK, else
+        # haz_mask. The pair the walk decides next (next_bit, the lowest of haz_next)
+        # is picked a cycle ahead: its start difference d, step s and last_iter * s are
+        # registered (pick_*), so HAZARD_PICK starts from registers.
+        #
+        # Neither haz_next nor next_bit reads the state register or finds a lowest bit
+        # (timing closure: the state's decode and the lowest-bit carry chain were in
+        # front of the pick's selection and subtraction, the core alone's critical path
+        # at 57.9 and 56.3 MHz): at_check and at_pick are flip-flops high exactly in
+        # CHECK and HAZARD_PICK, loaded where the state machine goes there, and next_bit
+        # is one of three registers. In CHECK it is the lowest candidate (cand_low,
+        # registered with cand). In HAZARD_PICK, haz_mask is the last haz_next, so the
+        # pair decided is its lowest bit (pick_bit, last cycle's next_bit) and the next
+        # one its second lowest (second_bit, registered from last cycle's haz_next and
+        # next_bit; 0 when haz_mask is). Elsewhere haz_next is haz_mask: pick_bit.
+        at_check = Signal()
+        at_pick = Signal()
+        m.d.sync += [at_check.eq(0), at_pick.eq(0)]
         haz_mask = Signal(len(pairs))
         haz_next = Signal(len(pairs))
-        m.d.comb += haz_next.eq(haz_mask)
+        pick_bit = Signal(len(pairs))
+        second_bit = Signal(len(pairs))
+        m.d.comb += haz_next.eq(Mux(at_check, cand,
+                                    Mux(at_pick, haz_mask & ~pick_bit, haz_mask)))
         m.d.sync += haz_mask.eq(haz_next)
         hz_d = Signal(signed(40))
         hz_s = Signal(signed(18))
@@ -855,7 +881,8 @@ class NpuCore(wiring.Component):
         hz_hi = Signal(signed(12))
         hz_i = Signal(_iter_bits(c))
         next_bit = Signal(len(pairs))                   # lowest set bit of haz_next
-        m.d.comb += next_bit.eq(haz_next & (~haz_next + 1))
+        m.d.comb += next_bit.eq(Mux(at_check, cand_low, Mux(at_pick, second_bit, pick_bit)))
+        m.d.sync += second_bit.eq(_lowest(haz_next & ~next_bit))
         keys = list(ranges)
 
         def select(side, field):
@@ -873,7 +900,6 @@ class NpuCore(wiring.Component):
         pick_s = Signal(signed(18))
         pick_r = Signal(signed(prod_bits + 1))          # last_iter * s
         pick_ww = Signal()
-        pick_bit = Signal(len(pairs))
         ww_bits = sum(1 << i for i, p in enumerate(pairs) if p[0] == "ww")
         m.d.sync += [pick_d.eq(select(1, 2) - select(2, 2)),
                      pick_s.eq(select(1, 3) - select(2, 3)),
@@ -1006,6 +1032,7 @@ class NpuCore(wiring.Component):
                         m.d.comb += structure.eq(1)
                     with m.Else():
                         m.d.comb += advance.eq(1)
+                        m.d.sync += at_check.eq(1)
                         m.next = "CHECK"
                 with m.Else():
                     m.d.comb += structure.eq(1)
@@ -1014,10 +1041,9 @@ class NpuCore(wiring.Component):
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
             with m.State("CHECK"):
-                # haz_mask takes the candidates whatever the checks decide: it is read
-                # only in the hazard states, which only a passing CHECK enters, and the
-                # checks stay off the path into it and the pick registers.
-                m.d.comb += haz_next.eq(cand)
+                # haz_mask takes the candidates whatever the checks decide (at_check): it
+                # is read only in the hazard states, which only a passing CHECK enters,
+                # and the checks stay off the path into it and the pick registers.
                 checks = [
                     (unbuilt, ErrorCode.ILLEGAL_OPCODE, unbuilt_at),
                     (alloc_fail, ErrorCode.CHAIN_STRUCTURE, at),
@@ -1038,18 +1064,20 @@ class NpuCore(wiring.Component):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(code), fail_at.eq(index)]
                         m.next = "DRAIN"
                 with m.Else():
+                    m.d.sync += at_pick.eq(1)
                     m.next = "HAZARD_PICK"
             with m.State("HAZARD_PICK"):
+                # haz_next drops the pair decided here (at_pick).
                 with m.If(haz_mask == 0):
                     m.next = "HANDOFF"
                 with m.Elif(pick_short):
-                    m.d.comb += haz_next.eq(haz_mask & ~pick_bit)
                     with m.If(pick_hit):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
                                      fail_at.eq(at)]
                         m.next = "DRAIN"
+                    with m.Else():
+                        m.d.sync += at_pick.eq(1)
                 with m.Else():
-                    m.d.comb += haz_next.eq(haz_mask & ~pick_bit)
                     m.d.sync += [hz_d.eq(pick_d),
                                  hz_s.eq(pick_s), hz_lo.eq(pick_lo), hz_hi.eq(pick_hi),
                                  hz_i.eq(0)]
@@ -1063,6 +1091,7 @@ class NpuCore(wiring.Component):
                     m.next = "DRAIN"
                 with m.Elif((hz_i == last_iter) | ((hz_s > 0) & (hz_d >= hz_hi))
                             | ((hz_s < 0) & (hz_d <= hz_lo))):
+                    m.d.sync += at_pick.eq(1)
                     m.next = "HAZARD_PICK"
                 with m.Else():
                     m.d.sync += [hz_d.eq(hz_d + hz_s), hz_i.eq(hz_i + 1)]
