@@ -792,9 +792,16 @@ class NpuCore(wiring.Component):
         len_iters = Signal(len(length) + len(iters))
         m.d.sync += len_iters.eq(length * iters)
         e_under = (rd_space == Space.NETQ) & (in_need > inq_free)
-        n_netq = sum((k < n_wr) & (w_space[k] == Space.NETQ) for k in range(MAX_WRITES))
+        # The writes to the output queue (at most MAX_WRITES) times length * iters, as
+        # shifts and adds: a multiplier put a MULT18X18D, across the die, between the
+        # last v_wr's fields and this register (the core alone's critical path at
+        # 50.9 MHz).
+        n_netq = Signal(range(MAX_WRITES + 1))
+        m.d.comb += n_netq.eq(sum((k < n_wr) & (w_space[k] == Space.NETQ)
+                                  for k in range(MAX_WRITES)))
         pushes = Signal(40)
-        m.d.sync += pushes.eq(n_netq * len_iters)
+        m.d.sync += pushes.eq(sum(Mux(bit, len_iters << b, 0)
+                                  for b, bit in enumerate(n_netq)))
         e_over = pushes > outq_room
         # last_iter * increment of every range: the range checks' and the hazard walk's.
         rd_prod = Signal(prod_bits)
