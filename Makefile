@@ -136,7 +136,7 @@ zoo: $(VENV_PY)
 # The ULX3S-85F top (hw/board/board.py) through Amaranth's ECP5 flow with the PyPI toolchain;
 # the bitstream lands in build/ulx3s/npu.bit (docs/link-hw.md). Without ARGS the build is
 # the build preset ulx3s (host.spec.config.PRESETS: N = 16, T = 1, 256 MACs a cycle, 2-lane
-# MFUs), clocked at 40 MHz from the ECP5 PLL; about 50 minutes, most of it place and route.
+# MFUs), clocked at 40 MHz from the ECP5 PLL; about 80 minutes, most of it place and route.
 # ARGS="--config ulx3s,mrf_depth=1024" changes fields, CLK_MHZ=50 the PLL's clock
 # (--clk-mhz), ARGS=--oscillator runs the core from the 25 MHz oscillator directly.
 bitstream: venv

@@ -3,7 +3,7 @@
 ``python -m bench board`` (``make bench ARGS=board``) reads ``build/ulx3s/report.json``,
 which the board build (``python -m hw.board``, :func:`hw.board.board.main`) has nextpnr
 write, and ``build/ulx3s/build.json``, where the build records its configuration and
-stage times. With no report there it runs the build first (about 50 minutes; its stages
+stage times. With no report there it runs the build first (about 80 minutes; its stages
 print as they go), unless long builds are off (``python -m bench --no-build``, or
 ``BENCH_NO_BUILD=1``): then it skips itself with the reason, and the records of an
 earlier run stay in ``bench/results.json``. An existing build is used as it is, whatever
@@ -102,9 +102,9 @@ def run():
     if not (BUILD_DIR / REPORT).is_file():
         if no_build():
             raise Skipped(f"no board build in {BUILD_DIR} (no {REPORT}) and long builds are "
-                          f"off (--no-build); `make bitstream` makes one in about 50 minutes")
+                          f"off (--no-build); `make bitstream` makes one in about 80 minutes")
         print(f"bench board: no {REPORT} in {BUILD_DIR}: running the board build "
-              f"(make bitstream, about 50 minutes) ...", flush=True)
+              f"(make bitstream, about 80 minutes) ...", flush=True)
         from hw.board.board import main
         main(["--build-dir", str(BUILD_DIR)])
     return board_records(BUILD_DIR)

@@ -395,7 +395,7 @@ def main(argv=None, *, out=None):
     clock = (f"clock {ULX3S_CLK_HZ / 1e6:g} MHz from the oscillator" if pll is None
              else f"clock {pll.describe()}")
     out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud, {clock}; "
-        f"the whole build takes about 50 minutes, most of it place and route")
+        f"the whole build takes about 80 minutes, most of it place and route")
     return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud, clk_hz),
                       build_dir=build_dir, name="npu", overrides=build_overrides("npu"),
                       out=out, netlist_pass=reset_logic_off_global,

@@ -146,7 +146,7 @@ def test_board_bench_skips_without_a_build(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert status == 0 and not output.exists()
     assert "benchmark board skipped: no board build in" in out
-    assert "(--no-build); `make bitstream` makes one in about 50 minutes" in out
+    assert "(--no-build); `make bitstream` makes one in about 80 minutes" in out
     assert not (tmp_path / "none").exists()
 
 
