@@ -912,13 +912,23 @@ class NpuCore(wiring.Component):
                      pick_s.eq(select(1, 3) - select(2, 3)),
                      pick_r.eq(select(1, 4) - select(2, 4)),
                      pick_ww.eq((next_bit & ww_bits) != 0), pick_bit.eq(next_bit)]
-        pick_lo = Mux(pick_ww, -length, 0)
-        pick_hi = length
+        # The interval of a pair: (-length, length) for two writes, (0, length) for a
+        # write and a read. length's terms are registered (timing closure: length,
+        # ((rows - 1) >> log2 n) + 1, and the interval's negation and width were carry
+        # chains in front of pick_short and the walk's decision, the core alone's
+        # critical path at 57.9 MHz once the pick was off it); rows is a scalar register,
+        # final at least four cycles (v_rd, v_wr, end_chain, CHECK) before HAZARD_PICK.
+        walk_len = Signal.like(length)
+        walk_neg = Signal(signed(len(length) + 1))      # -length
+        walk_span2 = Signal(len(length) + 1)            # 2 * length
+        m.d.sync += [walk_len.eq(length), walk_neg.eq(-length), walk_span2.eq(length << 1)]
+        pick_lo = Mux(pick_ww, walk_neg, 0)
+        pick_hi = walk_len
         pick_end = Signal(signed(48))
         m.d.comb += pick_end.eq(pick_d + pick_r)
         pick_abs = Mux(pick_s < 0, -pick_s, pick_s)
         # A step shorter than the interval cannot jump over it: the endpoints decide.
-        pick_short = pick_abs < (pick_hi - pick_lo)
+        pick_short = pick_abs < Mux(pick_ww, walk_span2, walk_len)
         # max(d, end) > lo and min(d, end) < hi.
         pick_hit = (((pick_d > pick_lo) | (pick_end > pick_lo))
                     & ((pick_d < pick_hi) | (pick_end < pick_hi)))
