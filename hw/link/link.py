@@ -216,6 +216,7 @@ class NpuLink(wiring.Component):
         vrf_spaces = 2 * c.mfus
         log2n = ceil_log2(n)
         core_error = Value.cast(core.error)
+        halted = core_error != ErrorCode.NONE.value     # the core's sticky error
 
         m.submodules.omp = omp = ReplyFramer()
         wiring.connect(m, omp.tx, wiring.flipped(self.tx))
@@ -250,7 +251,7 @@ class NpuLink(wiring.Component):
                      checks.header.eq(header), checks.prefix.eq(scanner.prefix),
                      checks.inq_level.eq(core.inq_level),
                      checks.outq_level.eq(core.outq_level),
-                     checks.halted.eq(core_error != ErrorCode.NONE.value)]
+                     checks.halted.eq(halted)]
         payload_at = scanner.payload_at
         buf_data = scanner.read_data
 
@@ -348,9 +349,6 @@ class NpuLink(wiring.Component):
                 m.next = "D_REQ"
             with m.Else():
                 m.next = "RECV"
-
-        def halted():
-            return core_error != ErrorCode.NONE.value
 
         # WRITE/READ: the space and the flat address's row, engine and slot.
         sp = acc.space
@@ -613,7 +611,7 @@ class NpuLink(wiring.Component):
                 m.next = "RUN_WAIT"       # done falls the cycle after run
             with m.State("RUN_WAIT"):
                 with m.If(core.done):
-                    with m.If(halted()):
+                    with m.If(halted):
                         reply(Status.DEVICE_ERROR, 2 + t.length("run"), "run",
                               code_value=core_error)
                     with m.Else():
