@@ -545,6 +545,16 @@ async def test_illegal(dut):
         await tb.pulse("error_clear")
         await RisingEdge(dut.clk)
         assert ErrorCode(int(dut.error.value)) is ErrorCode.NONE, f"{what}: not cleared"
+    # No program: a soft reset forgets the length (the words of the last program stay in
+    # program memory, and must not run): PROGRAM_RANGE at pc 0, as the model says.
+    model = await fresh(tb)
+    result = model.run()
+    hw = await tb.run()
+    await tb.compare(model, "no program", result, hw)
+    assert result.error is ErrorCode.PROGRAM_RANGE and hw[1] == 0, \
+        f"no program: {result.error.name} at {hw[1]}"
+    await tb.pulse("error_clear")
+    await RisingEdge(dut.clk)
 
 
 async def _refused(tb, dut, what, hw_op, model_op) -> ErrorCode:

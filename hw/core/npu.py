@@ -673,6 +673,15 @@ class NpuCore(wiring.Component):
         write1 = prog_wp.en & (pw.addr == 1)
         with m.If(advance):
             m.d.sync += pc.eq(pc + 1)
+        # `pc >= prog_len`, registered: the compare runs on this cycle's pc + 1 and the
+        # late `advance` only selects it, so the carry chain is not in front of EXEC's
+        # and CHAIN's decisions (issue 36, timing). prog_len changes only on host
+        # writes, which a run refuses (host_ok); the run's start sets the flag from the
+        # length that cycle's write (if any) leaves, and EXEC and CHAIN read it only
+        # within the run.
+        pc_out = Signal()
+        with m.If(advance):
+            m.d.sync += pc_out.eq(pc + 1 >= prog_len)
 
         # Chain being parsed.
         at = Signal(PROGRAM_ADDR_BITS + 1)          # index of its v_rd
@@ -957,7 +966,8 @@ class NpuCore(wiring.Component):
                         m.d.sync += [done.eq(1), pend_index.eq(0), cycles.eq(0)]
                         m.d.comb += [prog_rp.addr.eq(0), read0.eq(1)]
                     with m.Else():
-                        m.d.sync += [running.eq(1), pc.eq(0)]
+                        m.d.sync += [running.eq(1), pc.eq(0),
+                                     pc_out.eq((prog_len == 0) & ~prog_wp.en)]
                         for reg in Reg:
                             m.d.sync += regs[reg].eq(regs[reg].init)
                         with m.If(fetched0 & ~write1):
@@ -973,7 +983,7 @@ class NpuCore(wiring.Component):
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += prog_rp.addr.eq(pc + 2)
-                with m.If(pc >= prog_len):
+                with m.If(pc_out):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
@@ -1011,7 +1021,7 @@ class NpuCore(wiring.Component):
             with m.State("CHAIN"):
                 m.d.comb += prog_rp.addr.eq(pc + 2)
                 structure = Signal()
-                with m.If(pc >= prog_len):
+                with m.If(pc_out):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
