@@ -12,6 +12,7 @@ word's checks are a few stored bits instead of the decoder's logic (issue 36, ti
 from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for
 
 from host.spec.config import NpuConfig
 from host.spec.isa import FIELDS, WORD_BITS, ErrorCode, Opcode, Reg, Space, register_limits
@@ -21,7 +22,12 @@ from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "verdict_error"]
+           "verdict_error", "iteration_bits"]
+
+def iteration_bits(config: NpuConfig) -> int:
+    """Width of an iteration count: ITERATIONS's range (:func:`host.spec.isa.register_limits`)."""
+    return bits_for(register_limits(config)[Reg.ITERATIONS][1])
+
 
 #: Largest legal function code of each opcode that has a function field.
 FUNC_LIMIT = {

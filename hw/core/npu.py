@@ -33,7 +33,10 @@ from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
-from hw.core.decode import PREDECODE_LAYOUT, InstructionDecoder, WordCheck, verdict_error
+from hw.core.decode import (
+    PREDECODE_LAYOUT, InstructionDecoder, WordCheck, iteration_bits, verdict_error,
+)
+from hw.core.hazard import HazardWalk, pair_keys
 from hw.ecp5 import global_buffer
 from hw.mvm.tile_engine import TileEngine
 
@@ -108,11 +111,6 @@ def _count_bits(config):
     return bits_for(max(config.max_col_tiles, config.max_length, config.n))
 
 
-def _iter_bits(config):
-    """Width of an iteration count: ITERATIONS's range (``host.spec.isa.register_limits``)."""
-    return bits_for(register_limits(config)[Reg.ITERATIONS][1])
-
-
 def _pitch_bits(config):
     """Width of a window row pitch: WIN_PITCH's range."""
     return bits_for(register_limits(config)[Reg.WIN_PITCH][1])
@@ -133,7 +131,7 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
         "cols": unsigned(_count_bits(config)), "c_in": unsigned(_count_bits(config)),
         "extent": unsigned(a + 1),
         "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
-        "iters": unsigned(_iter_bits(config)),
+        "iters": unsigned(iteration_bits(config)),
         "rounding": Rounding, "static": unsigned(1), "q_exponent": unsigned(8),
         "narrow": unsigned(7),
         "mfu": data.ArrayLayout(mfu_layout(mfu), config.mfus),
@@ -217,11 +215,6 @@ def _fifo(m, name, layout, depth):
 def _raw(value):
     """The plain value of a signal or an enum view (ordering comparisons need it)."""
     return Value.cast(value)
-
-
-def _lowest(value):
-    """The lowest set bit of ``value`` alone (0 when none is set)."""
-    return value & (~value + 1)
 
 
 def _any(values):
@@ -749,7 +742,7 @@ class NpuCore(wiring.Component):
         m.d.comb += window_extent.eq(win_rows + win_cols)
         groups = Signal(range(c.max_col_tiles + 1))
         m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
-        last_iter = Signal(_iter_bits(c))
+        last_iter = Signal(iteration_bits(c))
         m.d.comb += last_iter.eq(iters - 1)
         # C, the input vectors an iteration takes, as the hand-off keeps it: cols_t is
         # wider, but a chain with cols_t > max_col_tiles fails e_cols, which CHECK tests
@@ -841,106 +834,20 @@ class NpuCore(wiring.Component):
             tops.append(on & (w_prod[k] > room))
         e_range = _any(tops)
 
-        # Hazard pairs: (kind, a, b); a is a write, b a write before it or a read.
-        # ranges: key -> (in use, space, start, increment, last_iter * increment)
-        ranges = {}
+        # The hazard walk (hw.core.hazard): the chain's ranges, each final by CHECK.
+        ranges = {("r",): (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc,
+                           rd_prod)}
         for k in range(MAX_WRITES):
             ranges[("w", k)] = ((k < n_wr) & (w_space[k] != Space.NETQ), w_space[k],
                                 w_op[k], w_inc[k], w_prod[k])
-        ranges[("r",)] = (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc,
-                          rd_prod)
         for k in vrf_built:
-            ranges[("v", k)] = (vv_used[k], Const(_vrf_space(k), 4), vv_op[k], vv_inc[k],
-                                vv_prod[k])
-        pairs = [("ww", ("w", k), ("w", j)) for k in range(MAX_WRITES) for j in range(k)]
-        pairs += [("rw", ("w", k), rd) for k in range(MAX_WRITES)
-                  for rd in [("r",)] + [("v", j) for j in vrf_built]]
-        # The pairs in one memory, registered (the v_wr's spaces are final the cycle
-        # before CHECK, which loads them into haz_mask).
-        cand = Signal(len(pairs))
-        cand_next = Signal(len(pairs))
-        cand_low = Signal(len(pairs))                   # lowest set bit of cand
-        for i, (_, ka, kb) in enumerate(pairs):
-            va, sa = ranges[ka][:2]
-            vb, sb = ranges[kb][:2]
-            m.d.comb += cand_next[i].eq(va & vb & (sa == sb))
-        m.d.sync += [cand.eq(cand_next), cand_low.eq(_lowest(cand_next))]
-        # haz_mask: the pairs not decided yet; haz_next its value next cycle: the
-        # candidates in CHECK, haz_mask less the pair decided in HAZARD_PICK, else
-        # haz_mask. The pair the walk decides next (next_bit, the lowest of haz_next)
-        # is picked a cycle ahead: its start difference d, step s and last_iter * s are
-        # registered (pick_*), so HAZARD_PICK starts from registers.
-        #
-        # Neither haz_next nor next_bit reads the state register or finds a lowest bit
-        # (timing closure: the state's decode and the lowest-bit carry chain were in
-        # front of the pick's selection and subtraction, the core alone's critical path
-        # at 57.9 and 56.3 MHz): at_check and at_pick are flip-flops high exactly in
-        # CHECK and HAZARD_PICK, loaded where the state machine goes there, and next_bit
-        # is one of three registers. In CHECK it is the lowest candidate (cand_low,
-        # registered with cand). In HAZARD_PICK, haz_mask is the last haz_next, so the
-        # pair decided is its lowest bit (pick_bit, last cycle's next_bit) and the next
-        # one its second lowest (second_bit, registered from last cycle's haz_next and
-        # next_bit; 0 when haz_mask is). Elsewhere haz_next is haz_mask: pick_bit.
-        at_check = Signal()
-        at_pick = Signal()
-        m.d.sync += [at_check.eq(0), at_pick.eq(0)]
-        haz_mask = Signal(len(pairs))
-        haz_next = Signal(len(pairs))
-        pick_bit = Signal(len(pairs))
-        second_bit = Signal(len(pairs))
-        m.d.comb += haz_next.eq(Mux(at_check, cand,
-                                    Mux(at_pick, haz_mask & ~pick_bit, haz_mask)))
-        m.d.sync += haz_mask.eq(haz_next)
-        hz_d = Signal(signed(40))
-        hz_s = Signal(signed(18))
-        hz_lo = Signal(signed(12))
-        hz_hi = Signal(signed(12))
-        hz_i = Signal(_iter_bits(c))
-        next_bit = Signal(len(pairs))                   # lowest set bit of haz_next
-        m.d.comb += next_bit.eq(Mux(at_check, cand_low, Mux(at_pick, second_bit, pick_bit)))
-        m.d.sync += second_bit.eq(_lowest(haz_next & ~next_bit))
-        keys = list(ranges)
-
-        def select(side, field):
-            """Field ``field`` of range ``a`` (``side`` 1) or ``b`` (2) of the pair in
-            ``next_bit`` (an AND-OR over the ranges; 0 when no bit is set)."""
-            out = 0
-            for key in keys:
-                hit = _any(next_bit[i] for i, p in enumerate(pairs) if p[side] == key)
-                if isinstance(hit, Const) and hit.value == 0:
-                    continue
-                out = out | Mux(hit, ranges[key][field], 0)
-            return out
-
-        pick_d = Signal(signed(40))
-        pick_s = Signal(signed(18))
-        pick_r = Signal(signed(prod_bits + 1))          # last_iter * s
-        pick_ww = Signal()
-        ww_bits = sum(1 << i for i, p in enumerate(pairs) if p[0] == "ww")
-        m.d.sync += [pick_d.eq(select(1, 2) - select(2, 2)),
-                     pick_s.eq(select(1, 3) - select(2, 3)),
-                     pick_r.eq(select(1, 4) - select(2, 4)),
-                     pick_ww.eq((next_bit & ww_bits) != 0), pick_bit.eq(next_bit)]
-        # The interval of a pair: (-length, length) for two writes, (0, length) for a
-        # write and a read. length's terms are registered (timing closure: length,
-        # ((rows - 1) >> log2 n) + 1, and the interval's negation and width were carry
-        # chains in front of pick_short and the walk's decision, the core alone's
-        # critical path at 57.9 MHz once the pick was off it); rows is a scalar register,
-        # final at least four cycles (v_rd, v_wr, end_chain, CHECK) before HAZARD_PICK.
-        walk_len = Signal.like(length)
-        walk_neg = Signal(signed(len(length) + 1))      # -length
-        walk_span2 = Signal(len(length) + 1)            # 2 * length
-        m.d.sync += [walk_len.eq(length), walk_neg.eq(-length), walk_span2.eq(length << 1)]
-        pick_lo = Mux(pick_ww, walk_neg, 0)
-        pick_hi = walk_len
-        pick_end = Signal(signed(48))
-        m.d.comb += pick_end.eq(pick_d + pick_r)
-        pick_abs = Mux(pick_s < 0, -pick_s, pick_s)
-        # A step shorter than the interval cannot jump over it: the endpoints decide.
-        pick_short = pick_abs < Mux(pick_ww, walk_span2, walk_len)
-        # max(d, end) > lo and min(d, end) < hi.
-        pick_hit = (((pick_d > pick_lo) | (pick_end > pick_lo))
-                    & ((pick_d < pick_hi) | (pick_end < pick_hi)))
+            ranges[("v", k)] = (vv_used[k], _vrf_space(k), vv_op[k], vv_inc[k], vv_prod[k])
+        m.submodules.hazard_walk = walk = HazardWalk(c)
+        for port, key in zip(walk.ranges, pair_keys(c), strict=True):
+            r_used, r_space, r_start, r_inc, r_prod = ranges[key]
+            m.d.comb += [port.used.eq(r_used), port.space.eq(r_space),
+                         port.start.eq(r_start), port.inc.eq(r_inc), port.prod.eq(r_prod)]
+        m.d.comb += [walk.length.eq(length), walk.last_iter.eq(last_iter)]
 
         # Hand-off register: a checked chain for the issuer.
         desc_valid = Signal()
@@ -1059,7 +966,7 @@ class NpuCore(wiring.Component):
                         m.d.comb += structure.eq(1)
                     with m.Else():
                         m.d.comb += advance.eq(1)
-                        m.d.sync += at_check.eq(1)
+                        m.d.comb += walk.to_check.eq(1)
                         m.next = "CHECK"
                 with m.Else():
                     m.d.comb += structure.eq(1)
@@ -1091,37 +998,15 @@ class NpuCore(wiring.Component):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(code), fail_at.eq(index)]
                         m.next = "DRAIN"
                 with m.Else():
-                    m.d.sync += at_pick.eq(1)
-                    m.next = "HAZARD_PICK"
-            with m.State("HAZARD_PICK"):
-                # haz_next drops the pair decided here (at_pick).
-                with m.If(haz_mask == 0):
+                    m.d.comb += walk.start.eq(1)
+                    m.next = "HAZARD"
+            with m.State("HAZARD"):
+                with m.If(walk.clear):
                     m.next = "HANDOFF"
-                with m.Elif(pick_short):
-                    with m.If(pick_hit):
-                        m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
-                                     fail_at.eq(at)]
-                        m.next = "DRAIN"
-                    with m.Else():
-                        m.d.sync += at_pick.eq(1)
-                with m.Else():
-                    m.d.sync += [hz_d.eq(pick_d),
-                                 hz_s.eq(pick_s), hz_lo.eq(pick_lo), hz_hi.eq(pick_hi),
-                                 hz_i.eq(0)]
-                    m.next = "HAZARD_STEP"
-            with m.State("HAZARD_STEP"):
-                # The step is at least the interval: walk the iterations until the
-                # difference reaches or passes the interval.
-                with m.If((hz_d > hz_lo) & (hz_d < hz_hi)):
+                with m.Elif(walk.hazard):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
                                  fail_at.eq(at)]
                     m.next = "DRAIN"
-                with m.Elif((hz_i == last_iter) | ((hz_s > 0) & (hz_d >= hz_hi))
-                            | ((hz_s < 0) & (hz_d <= hz_lo))):
-                    m.d.sync += at_pick.eq(1)
-                    m.next = "HAZARD_PICK"
-                with m.Else():
-                    m.d.sync += [hz_d.eq(hz_d + hz_s), hz_i.eq(hz_i + 1)]
             with m.State("HANDOFF"):
                 with m.If(~desc_valid):
                     m.d.comb += prog_rp.addr.eq(pc + 1)
@@ -1168,7 +1053,7 @@ class NpuCore(wiring.Component):
         # =============================================================================
         cur = Signal(_chain_layout(c))
         cur_valid = Signal()
-        left = Signal(_iter_bits(c))
+        left = Signal(iteration_bits(c))
         it_rd = Signal(a_bits)
         it_mv = Signal(TileEngine.slot_bits(c.mvm))
         it_vv = [Signal(mcfg.addr_bits, name=f"it_vv{k}") for k in range(vrfs)]
