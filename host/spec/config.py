@@ -281,6 +281,12 @@ class NpuConfig(MvmConfig):
         return self.beats.bit_length() - 1
 
     @property
+    def vector_addr_bits(self) -> int:
+        """Width of an address into the core's vector memories: the deeper of the IVRF
+        and a VRF, at least 1."""
+        return max(1, (max(self.ivrf_depth, self.vrf_depth) - 1).bit_length())
+
+    @property
     def direct_depth(self) -> int:
         """Native vectors the core's reader buffers for chains without a product:
         ``max(4, 2 * max_length)``, two whole instances, so that the reader can go on to

@@ -37,6 +37,7 @@ from hw.core.decode import (
     PREDECODE_LAYOUT, InstructionDecoder, WordCheck, iteration_bits, verdict_error,
 )
 from hw.core.hazard import HazardWalk, pair_keys
+from hw.core.scoreboard import IN_FLIGHT, Scoreboard
 from hw.ecp5 import global_buffer
 from hw.mvm.tile_engine import TileEngine
 
@@ -45,8 +46,6 @@ __all__ = [
     "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
 ]
 
-#: Chain instances issued and not yet completely written (scheduler window).
-IN_FLIGHT = 4
 #: Width of the address field of the host's vector-memory ports (the ISA's 2**24).
 HOST_ADDR_BITS = 24
 #: Width of the address field of the program-write port (program_depth <= 2**20).
@@ -102,10 +101,6 @@ def program_write_layout(config: NpuConfig) -> data.StructLayout:
     return data.StructLayout({"addr": unsigned(PROGRAM_ADDR_BITS), "word": unsigned(64)})
 
 
-def _vaddr_bits(config):
-    return max(1, ceil_log2(max(config.ivrf_depth, config.vrf_depth)))
-
-
 def _count_bits(config):
     """Width of a count of native vectors of one instance (C or L)."""
     return bits_for(max(config.max_col_tiles, config.max_length, config.n))
@@ -118,7 +113,7 @@ def _pitch_bits(config):
 
 def _chain_layout(config: NpuConfig) -> data.StructLayout:
     """A checked chain, handed from the checker to the issuer (addresses of iteration 0)."""
-    a = _vaddr_bits(config)
+    a = config.vector_addr_bits
     mfu = config.mfu
     vrfs = 2 * config.mfus
     return data.StructLayout({
@@ -144,7 +139,7 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
 
 
 def _reader_layout(config):
-    a = _vaddr_bits(config)
+    a = config.vector_addr_bits
     cb = _count_bits(config)
     return data.StructLayout({
         "space": Space, "base": unsigned(a), "pix": unsigned(cb), "win_w": unsigned(cb),
@@ -158,7 +153,7 @@ def _feeder_layout(config):
 
 
 def _writer_layout(config):
-    a = _vaddr_bits(config)
+    a = config.vector_addr_bits
     return data.StructLayout({
         "length": unsigned(config.mfu.length_bits),
         "valid": unsigned(MAX_WRITES),
@@ -354,7 +349,7 @@ class NpuCore(wiring.Component):
         n = c.n
         mcfg = c.mfu
         log2n = c.mvm.log2_n
-        a_bits = _vaddr_bits(c)
+        a_bits = c.vector_addr_bits
         vec = vector_layout(c)
         beat = _beat_layout(c)        # = vec with lanes == n
         beats = c.beats               # beats of a native vector on the MFU side
@@ -1070,14 +1065,11 @@ class NpuCore(wiring.Component):
             m.d.sync += [it_vv[k].eq(vv_base(desc, k)) for k in range(vrfs)]
             m.d.sync += [it_wr[k].eq(desc.w_addr[k]) for k in range(MAX_WRITES)]
 
-        # In-flight instances: their write ranges (scoreboard), oldest first.
-        sb_valid = Signal(IN_FLIGHT)
+        # In-flight instances: their write ranges (hw.core.scoreboard), oldest first.
+        m.submodules.scoreboard = sb = Scoreboard(c)
         issue = Signal()
-        sb_head = Signal(range(IN_FLIGHT))
-        sb_tail = Signal(range(IN_FLIGHT))
-        sb = [[(Signal(4, name=f"sb{e}_space{k}"), Signal(a_bits + 1, name=f"sb{e}_lo{k}"),
-                Signal(a_bits + 1, name=f"sb{e}_hi{k}"), Signal(name=f"sb{e}_on{k}"))
-               for k in range(MAX_WRITES)] for e in range(IN_FLIGHT)]
+        retire = Signal()
+        m.d.comb += [sb.issue.eq(issue), sb.take.eq(desc_take), sb.retire.eq(retire)]
         # The read ranges' ends, it_rd + extent and it_vv + L, are registers kept beside
         # the starts, so that the scoreboard's compares start from registers (issue 36,
         # timing). They equal the sums wherever a read is compared: a handed-off chain
@@ -1099,42 +1091,23 @@ class NpuCore(wiring.Component):
             m.d.sync += it_rd_end.eq(rd_end_taken)
             m.d.sync += [it_vv_end[k].eq(vv_end_taken[k]) for k in vrf_built]
 
-        # Whether entry e's writes overlap the current iteration's reads: `hit`, a register
-        # computed a cycle ahead, so that `issue` starts from registers (issue 36, timing:
-        # the range compares were the core's critical path). Reads and entries change only
-        # when an iteration issues (the reads advance by their increments, the tail entry
-        # takes the issued writes) or a chain is taken (the reads start over); the two
-        # never meet (a chain is taken only when none is current). So the compares run on
-        # the values of the next cycle, one set of them: the reads after this issue, or the
-        # taken chain's; entry e, or the issued writes if e is the tail and one issues.
+        # The scoreboard compares next cycle's reads (hw.core.scoreboard): the reads
+        # after this issue, or the taken chain's first.
         reads_next = [(
             Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
             Mux(cur_valid, _raw(cur.rd_space), _raw(desc.rd_space)),
             Mux(cur_valid, rd_adv, desc.rd_addr), Mux(cur_valid, rd_end_adv, rd_end_taken))]
         for k in vrf_built:
             reads_next.append((
-                Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), Const(_vrf_space(k), 4),
+                Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), _vrf_space(k),
                 Mux(cur_valid, vv_adv[k], vv_base(desc, k)),
                 Mux(cur_valid, vv_end_adv[k], vv_end_taken[k])))
-        issued = [(cur.w_space[k], it_wr[k], (it_wr[k] + cur.length)[:a_bits + 1],
-                   cur.w_valid[k] & (cur.w_space[k] != Space.NETQ))
-                  for k in range(MAX_WRITES)]
-        hit = Signal(IN_FLIGHT)
-        for e in range(IN_FLIGHT):
-            # A taken chain leaves every entry as it is; otherwise only an issue reaches
-            # the update below, and it writes the tail.
-            keep = desc_take | (sb_tail != e)
-            overlaps = []
-            for (s, lo, hi, on), (s_new, lo_new, hi_new, on_new) in zip(sb[e], issued):
-                s_n, lo_n = Mux(keep, s, _raw(s_new)), Mux(keep, lo, lo_new)
-                hi_n, on_n = Mux(keep, hi, hi_new), Mux(keep, on, on_new)
-                overlaps += [on_n & rv & (s_n == rs) & (lo_n < rhi) & (rlo < hi_n)
-                             for (rv, rs, rlo, rhi) in reads_next]
-            with m.If(desc_take | issue):
-                m.d.sync += hit[e].eq(_any(overlaps))
-        conflict = (sb_valid & hit).any()
-        retire = Signal()
-        sb_full = sb_valid.all()
+        for port, (on, space, lo, hi) in zip(sb.reads_next, reads_next, strict=True):
+            m.d.comb += [port.on.eq(on), port.space.eq(space), port.lo.eq(lo), port.hi.eq(hi)]
+        for k, port in enumerate(sb.issued):
+            m.d.comb += [port.on.eq(cur.w_valid[k] & (cur.w_space[k] != Space.NETQ)),
+                         port.space.eq(cur.w_space[k]), port.lo.eq(it_wr[k]),
+                         port.hi.eq((it_wr[k] + cur.length)[:a_bits + 1])]
 
         m.submodules.reader_q = rq = fifo.SyncFIFOBuffered(
             width=_reader_layout(c).size, depth=IN_FLIGHT)
@@ -1149,7 +1122,7 @@ class NpuCore(wiring.Component):
         wq_w = data.View(_writer_layout(c), wq.w_data)
         cq_w = data.View(command_layout(c.mvm), cq.w_data)
 
-        m.d.comb += issue.eq(cur_valid & ~conflict & ~sb_full & rq.w_rdy & fq.w_rdy
+        m.d.comb += issue.eq(cur_valid & ~sb.conflict & ~sb.full & rq.w_rdy & fq.w_rdy
                              & wq.w_rdy & cq.w_rdy)
         m.d.comb += [
             rq.w_en.eq(issue), fq.w_en.eq(issue), wq.w_en.eq(issue),
@@ -1180,23 +1153,8 @@ class NpuCore(wiring.Component):
             m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
             with m.If(left == 1):
                 m.d.sync += cur_valid.eq(0)
-            for e in range(IN_FLIGHT):
-                with m.If(sb_tail == e):
-                    for k, (s, lo, hi, on) in enumerate(sb[e]):
-                        m.d.sync += [s.eq(cur.w_space[k]), lo.eq(it_wr[k]),
-                                     hi.eq(it_wr[k] + cur.length),
-                                     on.eq(cur.w_valid[k] & (cur.w_space[k] != Space.NETQ))]
-            m.d.sync += sb_tail.eq(Mux(sb_tail == IN_FLIGHT - 1, 0, sb_tail + 1))
-        set_bits = Signal(IN_FLIGHT)
-        clr_bits = Signal(IN_FLIGHT)
-        for e in range(IN_FLIGHT):
-            m.d.comb += [set_bits[e].eq(issue & (sb_tail == e)),
-                         clr_bits[e].eq(retire & (sb_head == e))]
-        m.d.sync += sb_valid.eq((sb_valid & ~clr_bits) | set_bits)
-        with m.If(retire):
-            m.d.sync += sb_head.eq(Mux(sb_head == IN_FLIGHT - 1, 0, sb_head + 1))
 
-        m.d.comb += be_idle.eq(~cur_valid & (sb_valid == 0) & ~mvm.busy & ~mfu.busy)
+        m.d.comb += be_idle.eq(~cur_valid & sb.empty & ~mvm.busy & ~mfu.busy)
 
         # MVM commands.
         m.d.comb += [mvm.cmd.valid.eq(cq.r_rdy), mvm.cmd.payload.eq(cq.r_data),
