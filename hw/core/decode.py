@@ -15,18 +15,27 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from host.spec.config import NpuConfig
-from host.spec.isa import FIELDS, WORD_BITS, ErrorCode, Opcode, Reg, Space, register_limits
+from host.spec.isa import (
+    FIELDS, WORD_BITS, ErrorCode, Opcode, Reg, Space, register_limits, vector_spaces,
+)
 from host.spec.mfu import MfuUnit
 from host.spec.ops import BinaryOp
 from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "verdict_error", "iteration_bits"]
+           "verdict_error", "iteration_bits", "built_vrfs"]
+
 
 def iteration_bits(config: NpuConfig) -> int:
     """Width of an iteration count: ITERATIONS's range (:func:`host.spec.isa.register_limits`)."""
     return bits_for(register_limits(config)[Reg.ITERATIONS][1])
+
+
+def built_vrfs(config: NpuConfig) -> list[int]:
+    """The VRFs the build has, as indices ``2m + bank`` (space ``2 + index``), in order:
+    every one without unit sets (:func:`host.spec.isa.vector_spaces`)."""
+    return [s.value - 2 for s in vector_spaces(config)[1:]]
 
 
 #: Largest legal function code of each opcode that has a function field.

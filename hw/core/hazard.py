@@ -29,8 +29,8 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from host.spec.config import NpuConfig
-from host.spec.isa import FIELDS, MAX_WRITES, Space, vector_spaces
-from hw.core.decode import iteration_bits
+from host.spec.isa import FIELDS, MAX_WRITES, Space
+from hw.core.decode import built_vrfs, iteration_bits
 
 __all__ = ["HazardWalk", "pair_keys", "range_layout", "walk_pairs"]
 
@@ -55,18 +55,12 @@ def range_layout(config: NpuConfig) -> data.StructLayout:
     })
 
 
-def _vrfs_built(config):
-    """The VRF indices (``2m + bank``, space ``2 + index``) that the build has."""
-    built = set(vector_spaces(config)[1:])
-    return [k for k in range(2 * config.mfus) if Space(2 + k) in built]
-
-
 def pair_keys(config: NpuConfig) -> list:
     """The ranges, in the order of :class:`HazardWalk`'s ``ranges`` port: the writes
     ``("w", k)`` for ``k < MAX_WRITES``, the read ``("r",)``, the VRFs a ``vv`` op can
     read ``("v", k)`` (the built ones, space ``2 + k``)."""
     return ([("w", k) for k in range(MAX_WRITES)] + [("r",)]
-            + [("v", k) for k in _vrfs_built(config)])
+            + [("v", k) for k in built_vrfs(config)])
 
 
 def walk_pairs(config: NpuConfig) -> list:

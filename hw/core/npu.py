@@ -34,7 +34,7 @@ from host.spec.counters import MVM_COUNTERS
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
 from hw.core.decode import (
-    PREDECODE_LAYOUT, InstructionDecoder, WordCheck, iteration_bits, verdict_error,
+    PREDECODE_LAYOUT, InstructionDecoder, WordCheck, built_vrfs, iteration_bits, verdict_error,
 )
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.scoreboard import IN_FLIGHT, Scoreboard
@@ -355,7 +355,7 @@ class NpuCore(wiring.Component):
         beats = c.beats               # beats of a native vector on the MFU side
         vrfs = 2 * c.mfus
         # The VRFs (index 2m + bank) that the unit sets build: every one without them.
-        vrf_built = [k for k in range(vrfs) if Space(_vrf_space(k)) in vector_spaces(c)]
+        vrf_built = built_vrfs(c)
 
         m.submodules.mvm = mvm = Mvm(c.mvm)
         m.submodules.mfu = mfu = MfuPipeline(mcfg)
@@ -659,17 +659,15 @@ class NpuCore(wiring.Component):
         fetched0 = Signal()               # and the last did, with no write there
         m.d.sync += fetched0.eq(read0 & ~(prog_wp.en & (pw.addr == 0)))
         write1 = prog_wp.en & (pw.addr == 1)
-        with m.If(advance):
-            m.d.sync += pc.eq(pc + 1)
-        # `pc >= prog_len`, registered: the compare runs on this cycle's pc + 1 and the
-        # late `advance` only selects it, so the carry chain is not in front of EXEC's
-        # and CHAIN's decisions (issue 36, timing). prog_len changes only on host
+        # pc_out is `pc >= prog_len`, registered: the compare runs on this cycle's pc + 1
+        # and the late `advance` only selects it, so the carry chain is not in front of
+        # EXEC's and CHAIN's decisions (issue 36, timing). prog_len changes only on host
         # writes, which a run refuses (host_ok); the run's start sets the flag from the
         # length that cycle's write (if any) leaves, and EXEC and CHAIN read it only
         # within the run.
         pc_out = Signal()
         with m.If(advance):
-            m.d.sync += pc_out.eq(pc + 1 >= prog_len)
+            m.d.sync += [pc.eq(pc + 1), pc_out.eq(pc + 1 >= prog_len)]
 
         # Chain being parsed.
         at = Signal(PROGRAM_ADDR_BITS + 1)          # index of its v_rd

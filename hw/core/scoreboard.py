@@ -23,7 +23,8 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from host.spec.config import NpuConfig
-from host.spec.isa import MAX_WRITES, vector_spaces
+from host.spec.isa import MAX_WRITES
+from hw.core.decode import built_vrfs
 
 __all__ = ["IN_FLIGHT", "Scoreboard", "read_count", "span_layout"]
 
@@ -42,8 +43,8 @@ def span_layout(config: NpuConfig) -> data.StructLayout:
 
 def read_count(config: NpuConfig) -> int:
     """The read ranges of an iteration: the chain's read and one per VRF the build has
-    (``host.spec.isa.vector_spaces`` lists the IVRF and those VRFs)."""
-    return len(vector_spaces(config))
+    (:func:`hw.core.decode.built_vrfs`)."""
+    return 1 + len(built_vrfs(config))
 
 
 class Scoreboard(wiring.Component):
