@@ -720,17 +720,28 @@ class MfuPipeline(_Configured):
         # The MFUs take a vector whenever one comes. The chain's first op that reads a
         # VRF has its first operand from the second cycle after acceptance on: if that is
         # the chain's first op (in the first MFU that has ops), the input opens a cycle
-        # later (`hold`), as the operand join's stall did when the MFUs had ready.
+        # later, as the operand join's stall did when the MFUs had ready.
         first_vrf, before = 0, 1
         for k in range(cfg.mfus):
             slot0 = chain.mfu[k].order[0]
             reads = (slot0.unit == MfuUnit.ADDSUB) | (slot0.unit == MfuUnit.MUL)
             first_vrf = first_vrf | (before & slot0.used & reads)
             before = before & ~slot0.used
-        hold = Signal()
-        m.d.sync += hold.eq(start & first_vrf)
+        #
+        # So the input is open while the chain is active, not in that one cycle, and until
+        # `length` beats are in. `open_` is that condition as a register, loaded a cycle
+        # ahead, so that the input's ready, which fans out across the MFUs, starts at a
+        # flip-flop rather than at a compare (the core's critical path,
+        # docs/notes/2026-11-28-core-timing-closure.md section 9). `active` cannot fall
+        # while beats are still to come; a chain the encoding allows has length >= 1.
         first = mfus[0].i_stream
-        open_ = active & ~hold & (in_count != length)
+        open_ = Signal()
+        with m.If(start):
+            m.d.sync += open_.eq(~first_vrf & chain.length.any())
+        with m.Elif(first.valid):
+            m.d.sync += open_.eq(in_count + 1 != length)
+        with m.Else():
+            m.d.sync += open_.eq(active & (in_count != length))
         m.d.comb += [
             first.valid.eq(self.i_stream.valid & open_),
             first.payload.eq(self.i_stream.payload),
