@@ -41,6 +41,7 @@ from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore, vector_space
 from hw.link.checks import RequestChecks
 from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc
 from hw.link.scanner import BUFFER_BYTES, FrameScanner
+from hw.link.slice import RegisterSlice
 from hw.link.template import ReplyTemplate, TemplateRom
 
 __all__ = ["NpuLink", "ReplyFramer", "reply_command_layout", "RUN_ENTRIES", "BUFFER_BYTES",
@@ -223,6 +224,13 @@ class NpuLink(wiring.Component):
         m.submodules.scanner = scanner = FrameScanner(truncate_cycles=self._truncate_cycles)
         wiring.connect(m, wiring.flipped(self.rx), scanner.rx)
         m.submodules.checks = checks = RequestChecks(c, level_bits=len(core.inq_level))
+        # MRF words reach the core through a register slice (both directions registered):
+        # the executor and the MVM's MRF writer are far apart on the die. A request that
+        # writes the MRF is answered once the slice is empty (MRF_DRAIN), so the next
+        # request (a RUN, a read-back) finds every word written.
+        m.submodules.mrf_slice = mrf_slice = RegisterSlice(core.mrf_w.payload.shape())
+        wiring.connect(m, mrf_slice.o_stream, wiring.flipped(core.mrf_w))
+        mrf_w = mrf_slice.i_stream
         staging = Memory(shape=64, depth=c.program_depth, init=[])
         m.submodules.staging = staging
         sw = staging.write_port()
@@ -557,14 +565,20 @@ class NpuLink(wiring.Component):
                         load(J_WMRF)
 
             with m.State("W_MRF"):
-                m.d.comb += [core.mrf_w.valid.eq(1),
-                             core.mrf_w.payload.engine.eq(eng),
-                             core.mrf_w.payload.row.eq(row),
-                             core.mrf_w.payload.slot.eq(slot),
-                             core.mrf_w.payload.block.eq(word[:m_bits])]
-                with m.If(core.mrf_w.ready):
+                m.d.comb += [mrf_w.valid.eq(1),
+                             mrf_w.payload.engine.eq(eng),
+                             mrf_w.payload.row.eq(row),
+                             mrf_w.payload.slot.eq(slot),
+                             mrf_w.payload.block.eq(word[:m_bits])]
+                with m.If(mrf_w.ready):
                     mrf_advance()
-                    next_word(ok)
+
+                    def drain():
+                        m.next = "MRF_DRAIN"
+                    next_word(drain)
+            with m.State("MRF_DRAIN"):
+                with m.If(mrf_slice.empty):
+                    ok()
 
             # --- program load -----------------------------------------------------------
             with m.State("STAGE"):
@@ -645,13 +659,13 @@ class NpuLink(wiring.Component):
                     with m.Else():
                         zero_space()
             with m.State("Z_MRF"):
-                m.d.comb += [core.mrf_w.valid.eq(1), core.mrf_w.payload.engine.eq(eng),
-                             core.mrf_w.payload.row.eq(row), core.mrf_w.payload.slot.eq(slot)]
-                with m.If(core.mrf_w.ready):
+                m.d.comb += [mrf_w.valid.eq(1), mrf_w.payload.engine.eq(eng),
+                             mrf_w.payload.row.eq(row), mrf_w.payload.slot.eq(slot)]
+                with m.If(mrf_w.ready):
                     mrf_advance()
                     with m.If((row == n - 1) & (eng == c.tiles - 1)
                               & (slot == c.mrf_depth - 1)):
-                        ok()
+                        m.next = "MRF_DRAIN"
 
             # --- reply: header command, status, code, template, then data checks.words ----------
             with m.State("E_CMD"):
