@@ -707,11 +707,16 @@ class NpuCore(wiring.Component):
         # from them (e_cols, in_need, mrf_base then e_mrf, rd_base then top_rd) by CHECK.
         # Combinational, cols - 1, the shift and the increment went into the products'
         # multiplier in one cycle with them (the core alone's critical path at 53.7 MHz).
+        # length (the row tiles) is registered the same way: s_wr runs only outside
+        # chains, so ROWS is final at least three cycles before CHECK (s_wr, v_rd, v_wr,
+        # end_chain), length two, and the products formed from it (len_iters, then
+        # pushes; mrf_base, then e_mrf; in_need) by CHECK. Combinational, rows - 1, the
+        # shift and the increment went into len_iters's multiplier in one cycle with it
+        # (the core alone's critical path at 63.5 MHz).
         pix = Signal(_count_bits(c), init=1)
         lanes_cols = Signal(bits_for(n))
-        m.d.sync += pix.eq(((cols - 1) >> log2n) + 1)
+        m.d.sync += [pix.eq(((cols - 1) >> log2n) + 1), length.eq(((rows - 1) >> log2n) + 1)]
         m.d.comb += [
-            length.eq(((rows - 1) >> log2n) + 1),
             lanes_last.eq(rows - ((length - 1) << log2n)),
             lanes_cols.eq(cols - ((pix - 1) << log2n)),
         ]
