@@ -526,6 +526,10 @@ class NpuLink(wiring.Component):
             def ok():
                 reply(Status.OK)
 
+            def mrf_written():
+                """The last MRF word is in the slice: answer OK once it has left."""
+                m.next = "MRF_DRAIN"
+
             with m.State("W_VEC"):
                 m.d.comb += [core.vec_w.valid.eq(1),
                              core.vec_w.payload.space.eq(space),
@@ -572,10 +576,7 @@ class NpuLink(wiring.Component):
                              mrf_w.payload.block.eq(word[:m_bits])]
                 with m.If(mrf_w.ready):
                     mrf_advance()
-
-                    def drain():
-                        m.next = "MRF_DRAIN"
-                    next_word(drain)
+                    next_word(mrf_written)
             with m.State("MRF_DRAIN"):
                 with m.If(mrf_slice.empty):
                     ok()
@@ -665,7 +666,7 @@ class NpuLink(wiring.Component):
                     mrf_advance()
                     with m.If((row == n - 1) & (eng == c.tiles - 1)
                               & (slot == c.mrf_depth - 1)):
-                        m.next = "MRF_DRAIN"
+                        mrf_written()
 
             # --- reply: header command, status, code, template, then data checks.words ----------
             with m.State("E_CMD"):
