@@ -305,6 +305,7 @@ class NpuLink(wiring.Component):
         staged = Signal(PROGRAM_ADDR_BITS + 1)
         staged_total = Signal(32)
         staged_last = Signal()        # P_SWRITE: the last staged word
+        staged_word = Signal(64)      # P_SWRITE: the staged word, registered
         m.d.comb += [checks.staged.eq(staged), checks.staged_total.eq(staged_total)]
         bad = Signal()
         phase = Signal()
@@ -590,16 +591,22 @@ class NpuLink(wiring.Component):
                     ok()
                 next_word(staged_done)
 
-            # The staged checks.words to the core; the last one is known in P_SREAD, a cycle
-            # before it is needed (timing closure).
+            # The staged words to the core, one every three cycles: the address (P_SREAD),
+            # the block RAM's output into a register (P_SDATA), the word from that register
+            # (P_SWRITE). Timing closure: the RAM's output has no register of its own and
+            # the core's checks of a program word are across the die. The last word is
+            # known in P_SREAD, before it is needed.
             with m.State("P_SREAD"):
                 m.d.comb += sr.addr.eq(vaddr)
                 m.d.sync += staged_last.eq(vaddr + 1 == prog_off)
+                m.next = "P_SDATA"
+            with m.State("P_SDATA"):
+                m.d.sync += staged_word.eq(sr.data)
                 m.next = "P_SWRITE"
             with m.State("P_SWRITE"):
-                m.d.comb += [sr.addr.eq(vaddr), core.prog_w.valid.eq(1),
+                m.d.comb += [core.prog_w.valid.eq(1),
                              core.prog_w.payload.addr.eq(vaddr),
-                             core.prog_w.payload.word.eq(sr.data)]
+                             core.prog_w.payload.word.eq(staged_word)]
                 with m.If(core.prog_w.ready):
                     m.d.sync += vaddr.eq(vaddr + 1)
                     with m.If(staged_last):
