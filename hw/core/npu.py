@@ -24,11 +24,11 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from host.spec.config import NpuConfig
-from host.spec.formats import FP16_BITS, MAX_EXPONENT_CODE, Rounding, block_layout
+from host.spec.formats import MAX_EXPONENT_CODE, Rounding, block_layout
 from host.spec.isa import (
     MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits, vector_spaces,
 )
-from host.spec.mfu import UNITS, MfuUnit, chain_layout, mfu_layout, vrf_write_layout
+from host.spec.mfu import UNITS, MfuUnit, mfu_layout, vrf_write_layout
 from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
@@ -36,8 +36,11 @@ from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout,
 from hw.core.decode import (
     PREDECODE_LAYOUT, InstructionDecoder, WordCheck, built_vrfs, iteration_bits, verdict_error,
 )
+from hw.core.beats import beat_layout, beat_select, last_beat, vector_layout
+from hw.core.feeder import Feeder, feeder_layout
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.scoreboard import IN_FLIGHT, Scoreboard
+from hw.core.writer import Writer, writer_layout
 from hw.ecp5 import global_buffer
 from hw.mvm.tile_engine import TileEngine
 
@@ -54,16 +57,8 @@ _INC_BITS = 16
 _OPERAND_BITS = 32
 
 
-def vector_layout(config: NpuConfig) -> data.ArrayLayout:
-    """A native vector: ``n`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``."""
-    return data.ArrayLayout(unsigned(FP16_BITS), config.n)
 
 
-def _beat_layout(config: NpuConfig) -> data.ArrayLayout:
-    """A beat of the MFU side: ``lanes`` FP16 lanes (``16 * lanes`` bits); beat ``b`` of a
-    native vector is its lanes ``b*lanes .. b*lanes + lanes - 1`` (``hw.mfu.mfu.vector_layout``).
-    With ``lanes == n`` a native vector."""
-    return data.ArrayLayout(unsigned(FP16_BITS), config.lanes)
 
 
 def _vector_banks(m, name, config, depth):
@@ -79,7 +74,7 @@ def _vector_banks(m, name, config, depth):
         return [mem]
     banks = []
     for b in range(config.beats):
-        mem = Memory(shape=_beat_layout(config), depth=depth, init=[])
+        mem = Memory(shape=beat_layout(config), depth=depth, init=[])
         m.submodules[f"{name}_beat{b}"] = mem
         banks.append(mem)
     return banks
@@ -148,18 +143,8 @@ def _reader_layout(config):
     })
 
 
-def _feeder_layout(config):
-    return data.StructLayout({"chain": chain_layout(config.mfu), "to_mvm": unsigned(1)})
 
 
-def _writer_layout(config):
-    a = config.vector_addr_bits
-    return data.StructLayout({
-        "length": unsigned(config.mfu.length_bits),
-        "valid": unsigned(MAX_WRITES),
-        "space": data.ArrayLayout(Space, MAX_WRITES),
-        "addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
-    })
 
 
 def _vrf_space(index):
@@ -179,26 +164,10 @@ def vector_space_exists(config: NpuConfig, space) -> Value:
     return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
 
 
-def _beat_select(config, vector, index):
-    """Beat ``index % beats`` of ``vector`` (a native vector's value, ``16 n`` bits):
-    ``16 lanes`` bits, lanes ``b*lanes .. b*lanes + lanes - 1`` for ``b`` the low
-    ``beat_bits`` of ``index`` (a count of beats). ``vector`` itself with lanes == n."""
-    if config.beats == 1:
-        return vector
-    return vector.word_select(index[:config.beat_bits], FP16_BITS * config.lanes)
 
 
-def _last_beat(config, index):
-    """1 where ``index`` (a count of beats, ``beats > 1``) is the last beat of a vector."""
-    return index[:config.beat_bits].all()
 
 
-def _last_beat_index(config, vectors):
-    """The index of the last beat of ``vectors`` native vectors (``vectors >= 1``), that
-    is ``vectors * beats - 1``; ``vectors - 1`` with lanes == n, as before lanes."""
-    if config.beats == 1:
-        return vectors - 1
-    return Cat(Const(config.beats - 1, config.beat_bits), vectors - 1)
 
 
 def _fifo(m, name, layout, depth):
@@ -351,7 +320,7 @@ class NpuCore(wiring.Component):
         log2n = c.mvm.log2_n
         a_bits = c.vector_addr_bits
         vec = vector_layout(c)
-        beat = _beat_layout(c)        # = vec with lanes == n
+        beat = beat_layout(c)        # = vec with lanes == n
         beats = c.beats               # beats of a native vector on the MFU side
         vrfs = 2 * c.mfus
         # The VRFs (index 2m + bank) that the unit sets build: every one without them.
@@ -1115,14 +1084,14 @@ class NpuCore(wiring.Component):
         m.submodules.reader_q = rq = fifo.SyncFIFOBuffered(
             width=_reader_layout(c).size, depth=IN_FLIGHT)
         m.submodules.feeder_q = fq = fifo.SyncFIFOBuffered(
-            width=_feeder_layout(c).size, depth=IN_FLIGHT)
+            width=feeder_layout(c).size, depth=IN_FLIGHT)
         m.submodules.writer_q = wq = fifo.SyncFIFOBuffered(
-            width=_writer_layout(c).size, depth=IN_FLIGHT)
+            width=writer_layout(c).size, depth=IN_FLIGHT)
         m.submodules.mvm_q = cq = fifo.SyncFIFOBuffered(
             width=command_layout(c.mvm).size, depth=IN_FLIGHT)
         rq_w = data.View(_reader_layout(c), rq.w_data)
-        fq_w = data.View(_feeder_layout(c), fq.w_data)
-        wq_w = data.View(_writer_layout(c), wq.w_data)
+        fq_w = data.View(feeder_layout(c), fq.w_data)
+        wq_w = data.View(writer_layout(c), wq.w_data)
         cq_w = data.View(command_layout(c.mvm), cq.w_data)
 
         m.d.comb += issue.eq(cur_valid & ~sb.conflict & ~sb.full & rq.w_rdy & fq.w_rdy
@@ -1233,7 +1202,7 @@ class NpuCore(wiring.Component):
             for key, d in mem_data.items():
                 lane = lane | Mux(p_from[key][i], d[i], 0)
             m.d.comb += p_vec[i].eq(lane)
-        p_direct = _beat_select(c, p_vec.as_value(), p_beat)
+        p_direct = beat_select(c, p_vec.as_value(), p_beat)
         m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
                      db.w_data.eq(p_direct), db.w_en.eq(p_valid & ~p_to_mvm)]
 
@@ -1248,7 +1217,7 @@ class NpuCore(wiring.Component):
                              wr_en.eq(host_wr_en)]
             else:
                 m.d.comb += [wr_addr.eq(w.addr), wr_beat.eq(host_beat),
-                             wr_data.eq(_beat_select(c, w.values.as_value(), host_beat)),
+                             wr_data.eq(beat_select(c, w.values.as_value(), host_beat)),
                              wr_space.eq(w.space), wr_en.eq(host_wr_en)]
 
         # Source vectors to the MVM.
@@ -1256,88 +1225,35 @@ class NpuCore(wiring.Component):
                      mb.r_en.eq(mvm.x_stream.ready)]
 
         # =============================================================================
-        # Feeder: each instance's chain configuration, then its L vectors (MVM results
-        # or source vectors) into the MFU pipeline
+        # Feeder (hw.core.feeder): each instance's chain configuration, then its L
+        # vectors (MVM results or source vectors) into the MFU pipeline
         # =============================================================================
-        fq_r = data.View(_feeder_layout(c), fq.r_data)
-        configured = Signal()
-        f_count = Signal(mcfg.length_bits + c.beat_bits)      # beats of the instance fed
-        m.d.comb += [mfu.chain.valid.eq(fq.r_rdy & ~configured),
-                     mfu.chain.payload.eq(fq_r.chain)]
-        with m.If(mfu.chain.valid & mfu.chain.ready):
-            m.d.sync += [configured.eq(1), f_count.eq(0)]
-        from_mvm = fq_r.to_mvm
-        # The N -> l adapter: beat f_count % B of the MVM's row block at the head of its
-        # output FIFO, which pops with the last beat (its credits count row blocks).
-        y_data = mvm.y_stream.payload.as_value()
-        src_valid = Mux(from_mvm, mvm.y_stream.valid, db.r_rdy)
-        src_data = Mux(from_mvm, _beat_select(c, y_data, f_count), db.r_data)
-        feeding = configured & fq.r_rdy
-        y_ready = feeding & from_mvm & mfu.i_stream.ready
-        m.d.comb += [
-            mfu.i_stream.valid.eq(feeding & src_valid),
-            mfu.i_stream.payload.eq(src_data),
-            mvm.y_stream.ready.eq(y_ready if beats == 1 else y_ready & _last_beat(c, f_count)),
-            db.r_en.eq(feeding & ~from_mvm & mfu.i_stream.ready),
-        ]
-        f_final = f_count == _last_beat_index(c, fq_r.chain.length)
-        with m.If(mfu.i_stream.valid & mfu.i_stream.ready):
-            m.d.sync += f_count.eq(f_count + 1)
-            with m.If(f_final):
-                m.d.comb += fq.r_en.eq(1)
-                m.d.sync += configured.eq(0)
+        m.submodules.feeder = feeder = Feeder(c)
+        m.d.comb += [feeder.instances.valid.eq(fq.r_rdy),
+                     feeder.instances.payload.eq(fq.r_data),
+                     fq.r_en.eq(feeder.instances.ready),
+                     feeder.direct.valid.eq(db.r_rdy), feeder.direct.payload.eq(db.r_data),
+                     db.r_en.eq(feeder.direct.ready)]
+        wiring.connect(m, mvm.y_stream, feeder.products)
+        wiring.connect(m, feeder.chain, mfu.chain)
+        wiring.connect(m, feeder.o_stream, mfu.i_stream)
 
         # =============================================================================
-        # Writer: every result vector to each destination of its chain, in order
+        # Writer (hw.core.writer): every result vector to each destination of its chain,
+        # in order; it has the write bus over the host (the host writes only while no
+        # program runs)
         # =============================================================================
-        wq_r = data.View(_writer_layout(c), wq.r_data)
-        pending = Signal(MAX_WRITES)
-        fresh = Signal(init=1)        # pending not loaded yet for this vector
-        todo = Signal(MAX_WRITES)
-        m.d.comb += todo.eq(Mux(fresh, wq_r.valid, pending))
-        w_index = Signal(mcfg.length_bits + c.beat_bits)      # beat of the instance written
-        first = Signal(MAX_WRITES)    # lowest bit of todo
-        for k in reversed(range(MAX_WRITES)):
-            with m.If(todo[k]):
-                m.d.comb += first.eq(1 << k)
-        rest = todo & ~first
-        o = mfu.o_stream
-        o_values = data.View(beat, o.payload.values)
-        writing = o.valid & wq.r_rdy
-        # The vector and beat written: each beat goes to every destination, one cycle each.
-        w_vector = w_index if beats == 1 else w_index[c.beat_bits:]
-        with m.If(writing):
-            for k in range(MAX_WRITES):
-                with m.If(first[k]):
-                    with m.If(wq_r.space[k] == Space.NETQ):
-                        # The output queue takes whole vectors: with the last beat.
-                        m.d.comb += [outq.w_en.eq(1 if beats == 1
-                                                  else _last_beat(c, w_index))]
-                    with m.Else():
-                        m.d.comb += [wr_en.eq(1), wr_space.eq(wq_r.space[k]),
-                                     wr_addr.eq(wq_r.addr[k] + w_vector), wr_data.eq(o_values)]
-                        if beats > 1:
-                            m.d.comb += wr_beat.eq(w_index[:c.beat_bits])
-            with m.If(rest == 0):
-                m.d.comb += o.ready.eq(1)
-                m.d.sync += [fresh.eq(1), w_index.eq(w_index + 1)]
-                with m.If(w_index == _last_beat_index(c, wq_r.length)):
-                    m.d.comb += [retire.eq(1), wq.r_en.eq(1)]
-                    m.d.sync += w_index.eq(0)
-            with m.Else():
-                m.d.sync += [fresh.eq(0), pending.eq(rest)]
-        if beats == 1:
-            m.d.comb += outq.w_data.eq(o_values)
-        else:
-            # The output-queue assembler: every result beat but the vector's last shifts
-            # into outq_hold ((B - 1) beats), whatever the destinations, so each NETQ
-            # destination's push on the last beat is the whole vector (a chain with two
-            # `v_wr netq` pushes v0, v0, v1, v1, as the model does) and the output queue
-            # stays N wide. The last beat's shift is overwritten by the next vector's.
-            outq_hold = Signal((beats - 1) * beat.size)
-            with m.If(o.valid & o.ready):
-                m.d.sync += outq_hold.eq(Cat(outq_hold[beat.size:], o_values))
-            m.d.comb += outq.w_data.eq(Cat(outq_hold, o_values))
+        m.submodules.writer = writer = Writer(c)
+        m.d.comb += [writer.instances.valid.eq(wq.r_rdy),
+                     writer.instances.payload.eq(wq.r_data),
+                     wq.r_en.eq(writer.instances.ready), retire.eq(writer.instances.ready),
+                     outq.w_en.eq(writer.outq_push), outq.w_data.eq(writer.outq_data)]
+        wiring.connect(m, mfu.o_stream, writer.results)
+        with m.If(writer.wr.en):
+            m.d.comb += [wr_en.eq(1), wr_space.eq(writer.wr.space),
+                         wr_addr.eq(writer.wr.addr), wr_data.eq(writer.wr.data)]
+            if beats > 1:
+                m.d.comb += wr_beat.eq(writer.wr.beat)
 
     @staticmethod
     def _reader_beats(m, c, step, to_mvm):
@@ -1353,7 +1269,7 @@ class NpuCore(wiring.Component):
         r_beat = Signal(c.beat_bits)
         p_beat = Signal(c.beat_bits)
         vector_step = Signal()
-        m.d.comb += vector_step.eq(step & (to_mvm | _last_beat(c, r_beat)))
+        m.d.comb += vector_step.eq(step & (to_mvm | last_beat(c, r_beat)))
         with m.If(step & ~to_mvm):
             m.d.sync += r_beat.eq(r_beat + 1)
         m.d.sync += p_beat.eq(r_beat)

@@ -1,0 +1,47 @@
+"""Native vectors and the beats of the MFU side (``config.lanes`` lanes, ``B = n / lanes``
+beats a native vector): the layouts and the helpers that count and select beats, shared
+by the core's parts (:mod:`hw.core.npu`, :mod:`hw.core.feeder`, :mod:`hw.core.writer`).
+With ``lanes == n`` a beat is a native vector and every helper is the identity of before
+lanes (no logic is built for beats)."""
+
+from amaranth.hdl import Cat, Const, unsigned
+from amaranth.lib import data
+
+from host.spec.config import NpuConfig
+from host.spec.formats import FP16_BITS
+
+__all__ = ["beat_layout", "beat_select", "last_beat", "last_beat_index", "vector_layout"]
+
+
+def vector_layout(config: NpuConfig) -> data.ArrayLayout:
+    """A native vector: ``n`` FP16 lanes, lane ``i`` at bits ``[16i, 16i + 16)``."""
+    return data.ArrayLayout(unsigned(FP16_BITS), config.n)
+
+
+def beat_layout(config: NpuConfig) -> data.ArrayLayout:
+    """A beat of the MFU side: ``lanes`` FP16 lanes (``16 * lanes`` bits); beat ``b`` of a
+    native vector is its lanes ``b*lanes .. b*lanes + lanes - 1`` (``hw.mfu.mfu.vector_layout``).
+    With ``lanes == n`` a native vector."""
+    return data.ArrayLayout(unsigned(FP16_BITS), config.lanes)
+
+
+def beat_select(config, vector, index):
+    """Beat ``index % beats`` of ``vector`` (a native vector's value, ``16 n`` bits):
+    ``16 lanes`` bits, lanes ``b*lanes .. b*lanes + lanes - 1`` for ``b`` the low
+    ``beat_bits`` of ``index`` (a count of beats). ``vector`` itself with lanes == n."""
+    if config.beats == 1:
+        return vector
+    return vector.word_select(index[:config.beat_bits], FP16_BITS * config.lanes)
+
+
+def last_beat(config, index):
+    """1 where ``index`` (a count of beats, ``beats > 1``) is the last beat of a vector."""
+    return index[:config.beat_bits].all()
+
+
+def last_beat_index(config, vectors):
+    """The index of the last beat of ``vectors`` native vectors (``vectors >= 1``), that
+    is ``vectors * beats - 1``; ``vectors - 1`` with lanes == n, as before lanes."""
+    if config.beats == 1:
+        return vectors - 1
+    return Cat(Const(config.beats - 1, config.beat_bits), vectors - 1)
