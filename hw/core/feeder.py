@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from host.spec.config import NpuConfig
 from host.spec.mfu import chain_layout
-from hw.core.beats import beat_layout, beat_select, last_beat, last_beat_index, vector_layout
+from hw.core.vectors import beat_layout, beat_select, last_beat, last_beat_index, vector_layout
 
 __all__ = ["Feeder", "feeder_layout"]
 

@@ -36,9 +36,10 @@ from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout,
 from hw.core.decode import (
     PREDECODE_LAYOUT, InstructionDecoder, WordCheck, built_vrfs, iteration_bits, verdict_error,
 )
-from hw.core.beats import beat_layout, beat_select, last_beat, vector_layout
+from hw.core.vectors import beat_layout, beat_select, count_bits, pitch_bits, vector_layout
 from hw.core.feeder import Feeder, feeder_layout
 from hw.core.hazard import HazardWalk, pair_keys
+from hw.core.reader import Reader, memory_spaces, reader_layout
 from hw.core.scoreboard import IN_FLIGHT, Scoreboard
 from hw.core.writer import Writer, writer_layout
 from hw.ecp5 import global_buffer
@@ -96,14 +97,8 @@ def program_write_layout(config: NpuConfig) -> data.StructLayout:
     return data.StructLayout({"addr": unsigned(PROGRAM_ADDR_BITS), "word": unsigned(64)})
 
 
-def _count_bits(config):
-    """Width of a count of native vectors of one instance (C or L)."""
-    return bits_for(max(config.max_col_tiles, config.max_length, config.n))
 
 
-def _pitch_bits(config):
-    """Width of a window row pitch: WIN_PITCH's range."""
-    return bits_for(register_limits(config)[Reg.WIN_PITCH][1])
 
 
 def _chain_layout(config: NpuConfig) -> data.StructLayout:
@@ -115,10 +110,10 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
         "rd_space": Space, "rd_addr": unsigned(a), "rd_inc": unsigned(_INC_BITS),
         "has_mv": unsigned(1), "mv_slot": unsigned(TileEngine.slot_bits(config.mvm)),
         "mv_inc": unsigned(_INC_BITS),
-        "pix": unsigned(_count_bits(config)), "win_w": unsigned(_count_bits(config)),
-        "win_h": unsigned(_count_bits(config)), "pitch": unsigned(_pitch_bits(config)),
+        "pix": unsigned(count_bits(config)), "win_w": unsigned(count_bits(config)),
+        "win_h": unsigned(count_bits(config)), "pitch": unsigned(pitch_bits(config)),
         "lanes_cols": unsigned(bits_for(config.n)),
-        "cols": unsigned(_count_bits(config)), "c_in": unsigned(_count_bits(config)),
+        "cols": unsigned(count_bits(config)), "c_in": unsigned(count_bits(config)),
         "extent": unsigned(a + 1),
         "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
         "iters": unsigned(iteration_bits(config)),
@@ -131,18 +126,6 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
         "w_addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
         "w_inc": data.ArrayLayout(unsigned(_INC_BITS), MAX_WRITES),
     })
-
-
-def _reader_layout(config):
-    a = config.vector_addr_bits
-    cb = _count_bits(config)
-    return data.StructLayout({
-        "space": Space, "base": unsigned(a), "pix": unsigned(cb), "win_w": unsigned(cb),
-        "win_h": unsigned(cb), "pitch": unsigned(_pitch_bits(config)),
-        "lanes_cols": unsigned(bits_for(config.n)), "to_mvm": unsigned(1),
-    })
-
-
 
 
 
@@ -406,7 +389,7 @@ class NpuCore(wiring.Component):
         rdata = {Space.IVRF.value: mem_data["ivrf"]}
         rdata.update({_vrf_space(k): mem_data["vrf"] for k in vrf_built})
         # The spaces each memory holds.
-        mem_spaces = {"ivrf": [Space.IVRF.value], "vrf": [_vrf_space(k) for k in vrf_built]}
+        mem_spaces = memory_spaces(c)
         # The MFU VRFs (inside the pipeline) get every VRF write too, at the beat address.
         vw = data.View(vrf_write_layout(mcfg), mfu.vrf_w.payload)
         m.d.comb += [
@@ -682,7 +665,7 @@ class NpuCore(wiring.Component):
         # pushes; mrf_base, then e_mrf; in_need) by CHECK. Combinational, rows - 1, the
         # shift and the increment went into len_iters's multiplier in one cycle with it
         # (the core alone's critical path at 63.5 MHz).
-        pix = Signal(_count_bits(c), init=1)
+        pix = Signal(count_bits(c), init=1)
         lanes_cols = Signal(bits_for(n))
         m.d.sync += [pix.eq(((cols - 1) >> log2n) + 1), length.eq(((rows - 1) >> log2n) + 1)]
         m.d.comb += [
@@ -715,7 +698,7 @@ class NpuCore(wiring.Component):
         # wider, but a chain with cols_t > max_col_tiles fails e_cols, which CHECK tests
         # before the only check reading c_in (e_under), and never reaches HANDOFF. A
         # 40-bit C made iters * C a product tree on the way into e_under.
-        c_in = Signal(_count_bits(c))
+        c_in = Signal(count_bits(c))
         m.d.comb += c_in.eq(Mux(has_mv, cols_t, length))
         extent = Signal(64)
         m.d.comb += extent.eq(Mux(has_mv, window_extent, length))
@@ -1082,14 +1065,14 @@ class NpuCore(wiring.Component):
                          port.hi.eq((it_wr[k] + cur.length)[:a_bits + 1])]
 
         m.submodules.reader_q = rq = fifo.SyncFIFOBuffered(
-            width=_reader_layout(c).size, depth=IN_FLIGHT)
+            width=reader_layout(c).size, depth=IN_FLIGHT)
         m.submodules.feeder_q = fq = fifo.SyncFIFOBuffered(
             width=feeder_layout(c).size, depth=IN_FLIGHT)
         m.submodules.writer_q = wq = fifo.SyncFIFOBuffered(
             width=writer_layout(c).size, depth=IN_FLIGHT)
         m.submodules.mvm_q = cq = fifo.SyncFIFOBuffered(
             width=command_layout(c.mvm).size, depth=IN_FLIGHT)
-        rq_w = data.View(_reader_layout(c), rq.w_data)
+        rq_w = data.View(reader_layout(c), rq.w_data)
         fq_w = data.View(feeder_layout(c), fq.w_data)
         wq_w = data.View(writer_layout(c), wq.w_data)
         cq_w = data.View(command_layout(c.mvm), cq.w_data)
@@ -1133,78 +1116,22 @@ class NpuCore(wiring.Component):
                      cq.r_en.eq(mvm.cmd.ready)]
 
         # =============================================================================
-        # Reader: the source vectors of each instance (input queue or a vector memory),
-        # window by window, into the MVM's buffer or the direct buffer
+        # Reader (hw.core.reader): the source vectors of each instance (input queue or a
+        # vector memory), window by window, into the MVM's buffer or the direct buffer
         # =============================================================================
-        rq_r = data.View(_reader_layout(c), rq.r_data)
-        # Two buffers, so that the vectors of a chain without a product, waiting for the
-        # MFU pipeline to take their chain, do not hold back the next product's input:
-        # the MVM's is small, the direct one holds two whole chains (config.direct_depth
-        # vectors). The MVM's takes native vectors, the direct one beats (it feeds the MFU).
-        m.submodules.mvm_buf = mb = fifo.SyncFIFOBuffered(width=vec.size, depth=4)
-        m.submodules.direct_buf = db = fifo.SyncFIFOBuffered(width=beat.size,
-                                                             depth=c.direct_depth * beats)
-        r_on = Signal()
-        r_k = Signal(_count_bits(c))
-        r_x = Signal(_count_bits(c))
-        r_y = Signal(_count_bits(c))
-        r_row = Signal(a_bits + _pitch_bits(c))
-        r_pixel = Signal(a_bits + _pitch_bits(c))
-        r_cfg = Signal(_reader_layout(c))
-        p_valid = Signal()            # a vector arrives in the buffer next cycle
-        p_to_mvm = Signal()
-        p_q = Signal(vec)
-        # A vector read last cycle is written this cycle: count it in its buffer.
-        room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < mb.depth - 1,
-                   db.level + (p_valid & ~p_to_mvm) < db.depth - 1)
-        is_netq = r_cfg.space == Space.NETQ
-        step = Signal()
-        m.d.comb += step.eq(r_on & room & (~is_netq | inq.r_rdy))
-        vector_step, p_beat = self._reader_beats(m, c, step, r_cfg.to_mvm)
-        with m.If(~r_on & rq.r_rdy):
-            m.d.comb += rq.r_en.eq(1)
-            m.d.sync += [r_on.eq(1), r_cfg.eq(rq_r), r_k.eq(0), r_x.eq(0), r_y.eq(0),
-                         r_row.eq(rq_r.base), r_pixel.eq(rq_r.base)]
-        m.d.comb += inq.r_en.eq(vector_step & is_netq)
-        m.d.sync += [p_valid.eq(step), p_to_mvm.eq(r_cfg.to_mvm), p_q.eq(inq.r_data)]
-        # Each lane's source in the buffer write, registered with the read: the vector
-        # memory read (the IVRF or the VRF copies), the input queue, or none (0: lanes past COLS in each
-        # pixel's last vector do not enter the MVM). One-hot, so that a block RAM's
-        # output meets an AND-OR instead of multiplexers in series (issue 36, timing).
-        p_from_q = Signal(n)
-        p_from = {key: Signal(n, name=f"p_from_{key}") for key in mem_data}
-        for i in range(n):
-            keep = ~(r_cfg.to_mvm & (r_k == r_cfg.pix - 1) & (r_cfg.lanes_cols <= i))
-            m.d.sync += p_from_q[i].eq(is_netq & keep)
-            for key in mem_data:
-                held = _any([_raw(r_cfg.space) == s for s in mem_spaces[key]])
-                m.d.sync += p_from[key][i].eq(~is_netq & held & keep)
-        with m.If(step & ~is_netq):
-            m.d.comb += [rd_addr.eq(r_pixel + r_k), rd_space_now.eq(r_cfg.space), rd_en.eq(1)]
-            m.d.sync += rd_space_q.eq(r_cfg.space)
-        with m.If(vector_step):
-            with m.If(r_k != r_cfg.pix - 1):
-                m.d.sync += r_k.eq(r_k + 1)
-            with m.Else():
-                m.d.sync += r_k.eq(0)
-                with m.If(r_x != r_cfg.win_w - 1):
-                    m.d.sync += [r_x.eq(r_x + 1), r_pixel.eq(r_pixel + r_cfg.pix)]
-                with m.Else():
-                    m.d.sync += [r_x.eq(0), r_row.eq(r_row + r_cfg.pitch),
-                                 r_pixel.eq(r_row + r_cfg.pitch)]
-                    with m.If(r_y != r_cfg.win_h - 1):
-                        m.d.sync += r_y.eq(r_y + 1)
-                    with m.Else():
-                        m.d.sync += r_on.eq(0)
-        p_vec = Signal(vec)
-        for i in range(n):
-            lane = Mux(p_from_q[i], p_q[i], 0)
-            for key, d in mem_data.items():
-                lane = lane | Mux(p_from[key][i], d[i], 0)
-            m.d.comb += p_vec[i].eq(lane)
-        p_direct = beat_select(c, p_vec.as_value(), p_beat)
-        m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
-                     db.w_data.eq(p_direct), db.w_en.eq(p_valid & ~p_to_mvm)]
+        m.submodules.reader = reader = Reader(c)
+        m.d.comb += [reader.instances.valid.eq(rq.r_rdy),
+                     reader.instances.payload.eq(rq.r_data),
+                     rq.r_en.eq(reader.instances.ready),
+                     reader.inq.valid.eq(inq.r_rdy), reader.inq.payload.eq(inq.r_data),
+                     inq.r_en.eq(reader.inq.ready)]
+        for key in mem_spaces:
+            m.d.comb += getattr(reader, f"{key}_data").eq(mem_data[key])
+        with m.If(reader.rd.en):
+            m.d.comb += [rd_addr.eq(reader.rd.addr), rd_space_now.eq(reader.rd.space),
+                         rd_en.eq(1)]
+            m.d.sync += rd_space_q.eq(reader.rd.space)
+        wiring.connect(m, reader.x_stream, mvm.x_stream)
 
         # Host memory access shares the ports while no program runs.
         with m.If(~running):
@@ -1220,10 +1147,6 @@ class NpuCore(wiring.Component):
                              wr_data.eq(beat_select(c, w.values.as_value(), host_beat)),
                              wr_space.eq(w.space), wr_en.eq(host_wr_en)]
 
-        # Source vectors to the MVM.
-        m.d.comb += [mvm.x_stream.payload.eq(mb.r_data), mvm.x_stream.valid.eq(mb.r_rdy),
-                     mb.r_en.eq(mvm.x_stream.ready)]
-
         # =============================================================================
         # Feeder (hw.core.feeder): each instance's chain configuration, then its L
         # vectors (MVM results or source vectors) into the MFU pipeline
@@ -1231,9 +1154,8 @@ class NpuCore(wiring.Component):
         m.submodules.feeder = feeder = Feeder(c)
         m.d.comb += [feeder.instances.valid.eq(fq.r_rdy),
                      feeder.instances.payload.eq(fq.r_data),
-                     fq.r_en.eq(feeder.instances.ready),
-                     feeder.direct.valid.eq(db.r_rdy), feeder.direct.payload.eq(db.r_data),
-                     db.r_en.eq(feeder.direct.ready)]
+                     fq.r_en.eq(feeder.instances.ready)]
+        wiring.connect(m, reader.direct, feeder.direct)
         wiring.connect(m, mvm.y_stream, feeder.products)
         wiring.connect(m, feeder.chain, mfu.chain)
         wiring.connect(m, feeder.o_stream, mfu.i_stream)
@@ -1254,26 +1176,6 @@ class NpuCore(wiring.Component):
                          wr_addr.eq(writer.wr.addr), wr_data.eq(writer.wr.data)]
             if beats > 1:
                 m.d.comb += wr_beat.eq(writer.wr.beat)
-
-    @staticmethod
-    def _reader_beats(m, c, step, to_mvm):
-        """The reader's two paces with lanes < n: ``(vector_step, p_beat)``. A product's
-        source (``to_mvm``) is read N wide, one native vector per ``step`` (the MVM's input
-        takes one per cycle); a chain without a product steps through ``(vector, beat)``,
-        reading the same vector address B times, one beat per ``step`` into the direct
-        buffer. ``vector_step`` is 1 where the reader moves on to the next vector (and
-        pops the input queue's head), ``p_beat`` (``beat_bits``, a register: the beat read
-        last cycle) selects the beat of the read data. With lanes == n: ``(step, None)``."""
-        if c.beats == 1:
-            return step, None
-        r_beat = Signal(c.beat_bits)
-        p_beat = Signal(c.beat_bits)
-        vector_step = Signal()
-        m.d.comb += vector_step.eq(step & (to_mvm | last_beat(c, r_beat)))
-        with m.If(step & ~to_mvm):
-            m.d.sync += r_beat.eq(r_beat + 1)
-        m.d.sync += p_beat.eq(r_beat)
-        return vector_step, p_beat
 
     @staticmethod
     def _allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail, unbuilt,

@@ -8,7 +8,7 @@ from amaranth.lib.wiring import In, Out
 
 from host.spec.config import NpuConfig
 from host.spec.isa import MAX_WRITES, Space
-from hw.core.beats import beat_layout, last_beat, last_beat_index, vector_layout
+from hw.core.vectors import beat_layout, last_beat, last_beat_index, vector_layout
 from hw.mfu.mfu import output_layout
 
 __all__ = ["Writer", "write_bus_layout", "writer_layout"]

@@ -1,16 +1,22 @@
-"""Native vectors and the beats of the MFU side (``config.lanes`` lanes, ``B = n / lanes``
-beats a native vector): the layouts and the helpers that count and select beats, shared
-by the core's parts (:mod:`hw.core.npu`, :mod:`hw.core.feeder`, :mod:`hw.core.writer`).
-With ``lanes == n`` a beat is a native vector and every helper is the identity of before
-lanes (no logic is built for beats)."""
+"""Native vectors, the beats of the MFU side (``config.lanes`` lanes, ``B = n / lanes``
+beats a native vector) and the counts of a chain instance: the layouts, widths and
+helpers shared by the core's parts (:mod:`hw.core.npu`, :mod:`hw.core.reader`,
+:mod:`hw.core.feeder`, :mod:`hw.core.writer`). With ``lanes == n`` a beat is a native
+vector and every beat helper is the identity of before lanes (no logic is built for
+beats)."""
 
 from amaranth.hdl import Cat, Const, unsigned
 from amaranth.lib import data
+from amaranth.utils import bits_for
 
 from host.spec.config import NpuConfig
 from host.spec.formats import FP16_BITS
+from host.spec.isa import Reg, register_limits
 
-__all__ = ["beat_layout", "beat_select", "last_beat", "last_beat_index", "vector_layout"]
+__all__ = [
+    "beat_layout", "beat_select", "count_bits", "last_beat", "last_beat_index", "pitch_bits",
+    "vector_layout",
+]
 
 
 def vector_layout(config: NpuConfig) -> data.ArrayLayout:
@@ -45,3 +51,14 @@ def last_beat_index(config, vectors):
     if config.beats == 1:
         return vectors - 1
     return Cat(Const(config.beats - 1, config.beat_bits), vectors - 1)
+
+
+def count_bits(config: NpuConfig) -> int:
+    """Width of a count of native vectors of one instance (C or L) and of the window's
+    sides."""
+    return bits_for(max(config.max_col_tiles, config.max_length, config.n))
+
+
+def pitch_bits(config: NpuConfig) -> int:
+    """Width of a window row pitch: WIN_PITCH's range."""
+    return bits_for(register_limits(config)[Reg.WIN_PITCH][1])
