@@ -58,10 +58,6 @@ _INC_BITS = 16
 _OPERAND_BITS = 32
 
 
-
-
-
-
 def _vector_banks(m, name, config, depth):
     """A vector memory of ``depth`` native vectors as ``beats`` banks, bank ``b`` holding
     beat ``b`` of every vector at the vector's address (form (a) of the lanes plan note,
@@ -97,10 +93,6 @@ def program_write_layout(config: NpuConfig) -> data.StructLayout:
     return data.StructLayout({"addr": unsigned(PROGRAM_ADDR_BITS), "word": unsigned(64)})
 
 
-
-
-
-
 def _chain_layout(config: NpuConfig) -> data.StructLayout:
     """A checked chain, handed from the checker to the issuer (addresses of iteration 0)."""
     a = config.vector_addr_bits
@@ -128,8 +120,6 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
     })
 
 
-
-
 def _vrf_space(index):
     """Space of VRF ``index`` (``2m + bank``): AddSubVrf ``m`` or MulVrf ``m``."""
     return 2 + index
@@ -145,12 +135,6 @@ def vector_space_exists(config: NpuConfig, space) -> Value:
     if len(built) < vrfs:
         return _any([space == Space.IVRF.value] + [space == s for s in built])
     return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
-
-
-
-
-
-
 
 
 def _fifo(m, name, layout, depth):
@@ -385,11 +369,9 @@ class NpuCore(wiring.Component):
             # The memory's read data, a native vector (the banks side by side).
             mem_data[key] = (ports[0].data if beats == 1
                              else data.View(vec, Cat(*(rp.data for rp in ports))))
-        # Each space's read data.
-        rdata = {Space.IVRF.value: mem_data["ivrf"]}
-        rdata.update({_vrf_space(k): mem_data["vrf"] for k in vrf_built})
-        # The spaces each memory holds.
+        # The spaces each memory holds, and each space's read data.
         mem_spaces = memory_spaces(c)
+        rdata = {s: mem_data[key] for key, held in mem_spaces.items() for s in held}
         # The MFU VRFs (inside the pipeline) get every VRF write too, at the beat address.
         vw = data.View(vrf_write_layout(mcfg), mfu.vrf_w.payload)
         m.d.comb += [

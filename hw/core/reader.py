@@ -8,8 +8,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from host.spec.config import NpuConfig
-from host.spec.isa import Space
-from hw.core.decode import built_vrfs
+from host.spec.isa import Space, vector_spaces
 from hw.core.vectors import (
     beat_layout,
     beat_select,
@@ -46,7 +45,7 @@ def memory_spaces(config: NpuConfig) -> dict:
     """The core's vector memories and the Space codes each holds: ``"ivrf"`` the IVRF;
     ``"vrf"`` (only if the unit sets build a VRF) the copies of the MFU VRFs."""
     spaces = {"ivrf": [Space.IVRF.value]}
-    vrfs = [2 + k for k in built_vrfs(config)]
+    vrfs = [s.value for s in vector_spaces(config)[1:]]
     if vrfs:
         spaces["vrf"] = vrfs
     return spaces

@@ -10,11 +10,10 @@ The whole core, with the reader in its back end, is ``tests/hw/test_npu_hw.py``.
 import random
 
 import pytest
-from amaranth.sim import Simulator
 
 from host.spec.isa import Space
 from hw.core.reader import Reader, memory_spaces
-from tests.hw.test_feeder_writer import BUILDS, Source, beats_of
+from tests.hw.test_feeder_writer import BUILDS, Source, beats_of, run
 from tests.hw.test_npu_hw import ALL_BUILDS
 
 
@@ -68,44 +67,38 @@ def run_reader(config, seed, probs, count=40):
     got_x, got_direct = [], []
     pending_read = {"req": None}
 
-    async def bench(ctx):
-        cycles = 0
-        while len(got_x) < len(want_x) or len(got_direct) < len(want_direct) \
-                or inst_src.items:
-            assert cycles < 100 * (len(want_x) + len(want_direct)), "the reader stopped"
-            inst_src.drive(ctx, dut.instances, lambda inst: 0)
-            if inst_src.offering:
-                p, inst = dut.instances.payload, inst_src.items[0]
-                for field in ("space", "base", "pix", "win_w", "win_h", "pitch",
-                              "lanes_cols", "to_mvm"):
-                    ctx.set(getattr(p, field), inst[field])
-            inq_src.drive(ctx, dut.inq)
-            # Each memory answers last cycle's read with the vector at that address, or
-            # with noise where it does not hold the space read.
-            req = pending_read["req"]
-            for key, held in spaces.items():
-                value = rng.getrandbits(16 * config.n)
-                if req is not None and req[0] in held:
-                    value = memory[req[0]][req[1]]
-                ctx.set(getattr(dut, f"{key}_data").as_value(), value)
-            x_ready, d_ready = rng.random() < p_x, rng.random() < p_dir
-            ctx.set(dut.x_stream.ready, x_ready)
-            ctx.set(dut.direct.ready, d_ready)
-            if ctx.get(dut.x_stream.valid) and x_ready:
-                got_x.append(ctx.get(dut.x_stream.payload.as_value()))
-            if ctx.get(dut.direct.valid) and d_ready:
-                got_direct.append(ctx.get(dut.direct.payload.as_value()))
-            pending_read["req"] = ((ctx.get(dut.rd.space), ctx.get(dut.rd.addr))
-                                   if ctx.get(dut.rd.en) else None)
-            inst_src.took(ctx, dut.instances)
-            inq_src.took(ctx, dut.inq)
-            await ctx.tick()
-            cycles += 1
+    async def cycle(ctx):
+        inst_src.drive(ctx, dut.instances, lambda inst: 0)
+        if inst_src.offering:
+            p, inst = dut.instances.payload, inst_src.items[0]
+            for field in ("space", "base", "pix", "win_w", "win_h", "pitch",
+                          "lanes_cols", "to_mvm"):
+                ctx.set(getattr(p, field), inst[field])
+        inq_src.drive(ctx, dut.inq)
+        # Each memory answers last cycle's read with the vector at that address, or
+        # with noise where it does not hold the space read.
+        req = pending_read["req"]
+        for key, held in spaces.items():
+            value = rng.getrandbits(16 * config.n)
+            if req is not None and req[0] in held:
+                value = memory[req[0]][req[1]]
+            ctx.set(getattr(dut, f"{key}_data").as_value(), value)
+        x_ready, d_ready = rng.random() < p_x, rng.random() < p_dir
+        ctx.set(dut.x_stream.ready, x_ready)
+        ctx.set(dut.direct.ready, d_ready)
+        if ctx.get(dut.x_stream.valid) and x_ready:
+            got_x.append(ctx.get(dut.x_stream.payload.as_value()))
+        if ctx.get(dut.direct.valid) and d_ready:
+            got_direct.append(ctx.get(dut.direct.payload.as_value()))
+        pending_read["req"] = ((ctx.get(dut.rd.space), ctx.get(dut.rd.addr))
+                               if ctx.get(dut.rd.en) else None)
+        inst_src.took(ctx, dut.instances)
+        inq_src.took(ctx, dut.inq)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(bench)
-    sim.run()
+    run(dut, cycle,
+        lambda: len(got_x) >= len(want_x) and len(got_direct) >= len(want_direct)
+        and not inst_src.items,
+        limit=100 * (len(want_x) + len(want_direct)))
     assert not inq_src.items, f"{len(inq_src.items)} input vectors never read"
     for name, got, want in (("x_stream", got_x, want_x), ("direct", got_direct, want_direct)):
         for k, (g, w) in enumerate(zip(got, want, strict=True)):
