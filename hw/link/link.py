@@ -231,6 +231,13 @@ class NpuLink(wiring.Component):
         m.submodules.mrf_slice = mrf_slice = RegisterSlice(core.mrf_w.payload.shape())
         wiring.connect(m, mrf_slice.o_stream, wiring.flipped(core.mrf_w))
         mrf_w = mrf_slice.i_stream
+        # MRF read-back requests likewise: the core's ready for one depends on its address
+        # (the range check) and fed the executor's engine and slot counters in the cycle
+        # the executor's state drove the request. The executor waits for each response
+        # (D_WAIT), so the slice adds a cycle to a read word and never holds two requests.
+        m.submodules.mrf_r_slice = mrf_r_slice = RegisterSlice(core.mrf_r_req.payload.shape())
+        wiring.connect(m, mrf_r_slice.o_stream, wiring.flipped(core.mrf_r_req))
+        mrf_r_req = mrf_r_slice.i_stream
         staging = Memory(shape=64, depth=c.program_depth, init=[])
         m.submodules.staging = staging
         sw = staging.write_port()
@@ -725,11 +732,11 @@ class NpuLink(wiring.Component):
                             m.d.sync += vaddr.eq(vaddr + 1)
                             m.next = "D_WAIT"
                     with m.Case(J_RMRF):
-                        m.d.comb += [core.mrf_r_req.valid.eq(1),
-                                     core.mrf_r_req.payload.engine.eq(eng),
-                                     core.mrf_r_req.payload.row.eq(row),
-                                     core.mrf_r_req.payload.slot.eq(slot)]
-                        with m.If(core.mrf_r_req.ready):
+                        m.d.comb += [mrf_r_req.valid.eq(1),
+                                     mrf_r_req.payload.engine.eq(eng),
+                                     mrf_r_req.payload.row.eq(row),
+                                     mrf_r_req.payload.slot.eq(slot)]
+                        with m.If(mrf_r_req.ready):
                             mrf_advance()
                             m.next = "D_WAIT"
                     with m.Default():
