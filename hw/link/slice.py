@@ -5,7 +5,9 @@ The link puts one on its MRF word port into the core: the link's executor and th
 MRF writer sit far apart on the die, and without the slice the writer's ``ready`` (which
 depends on the word's address) fed the executor's address counters in the same cycle
 as the executor's state fed the writer, a combinational round trip across the die
-(``docs/notes/2026-11-board-build.md``, the seventh build).
+(``docs/notes/2026-11-board-build.md``, the seventh build). A second one on its MRF
+read-back request port cuts the same kind of round trip through the core's read-back
+range check (the ninth build).
 """
 
 from __future__ import annotations
