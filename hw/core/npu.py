@@ -26,7 +26,7 @@ from amaranth.utils import bits_for, ceil_log2
 from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, Rounding, block_layout
 from host.spec.isa import (
-    MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits, vector_spaces,
+    MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits,
 )
 from host.spec.mfu import UNITS, MfuUnit, mfu_layout, vrf_write_layout
 from host.spec.counters import MVM_COUNTERS
@@ -34,10 +34,14 @@ from host.spec.counters import MVM_COUNTERS
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
 from hw.core.decode import (
-    PREDECODE_LAYOUT, InstructionDecoder, WordCheck, built_vrfs, iteration_bits, verdict_error,
+    PREDECODE_LAYOUT, InstructionDecoder, built_vrfs, iteration_bits, verdict_error,
 )
-from hw.core.vectors import beat_layout, beat_select, count_bits, pitch_bits, vector_layout
+from hw.core.vectors import beat_layout, count_bits, pitch_bits, vector_layout
 from hw.core.feeder import Feeder, feeder_layout
+from hw.core.host_access import (
+    HOST_ADDR_BITS, PROGRAM_ADDR_BITS, HostAccess, program_write_layout, vector_read_layout,
+    vector_space_exists, vector_write_layout,
+)
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.reader import Reader, memory_spaces, reader_layout
 from hw.core.scoreboard import IN_FLIGHT, Scoreboard
@@ -50,10 +54,6 @@ __all__ = [
     "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
 ]
 
-#: Width of the address field of the host's vector-memory ports (the ISA's 2**24).
-HOST_ADDR_BITS = 24
-#: Width of the address field of the program-write port (program_depth <= 2**20).
-PROGRAM_ADDR_BITS = 20
 _INC_BITS = 16
 _OPERAND_BITS = 32
 
@@ -75,22 +75,6 @@ def _vector_banks(m, name, config, depth):
         m.submodules[f"{name}_beat{b}"] = mem
         banks.append(mem)
     return banks
-
-
-def vector_write_layout(config: NpuConfig) -> data.StructLayout:
-    """``vec_w`` payload: ``space`` (Space), ``addr`` (24 bits), ``values`` (a vector)."""
-    return data.StructLayout({"space": Space, "addr": unsigned(HOST_ADDR_BITS),
-                              "values": vector_layout(config)})
-
-
-def vector_read_layout(config: NpuConfig) -> data.StructLayout:
-    """``vec_r_req`` payload: ``space`` (Space), ``addr`` (24 bits)."""
-    return data.StructLayout({"space": Space, "addr": unsigned(HOST_ADDR_BITS)})
-
-
-def program_write_layout(config: NpuConfig) -> data.StructLayout:
-    """``prog_w`` payload: ``addr`` (20 bits), ``word`` (64-bit instruction)."""
-    return data.StructLayout({"addr": unsigned(PROGRAM_ADDR_BITS), "word": unsigned(64)})
 
 
 def _chain_layout(config: NpuConfig) -> data.StructLayout:
@@ -123,18 +107,6 @@ def _chain_layout(config: NpuConfig) -> data.StructLayout:
 def _vrf_space(index):
     """Space of VRF ``index`` (``2m + bank``): AddSubVrf ``m`` or MulVrf ``m``."""
     return 2 + index
-
-
-def vector_space_exists(config: NpuConfig, space) -> Value:
-    """1 where ``space`` (a value holding a :class:`host.spec.isa.Space` code) is a vector
-    memory of build ``config``: the IVRF or a VRF that its unit sets build
-    (``host.spec.isa.vector_spaces``). The core's and the link's one check."""
-    space = _raw(space)
-    vrfs = 2 * config.mfus
-    built = [s.value for s in vector_spaces(config)[1:]]
-    if len(built) < vrfs:
-        return _any([space == Space.IVRF.value] + [space == s for s in built])
-    return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
 
 
 def _fifo(m, name, layout, depth):
@@ -317,7 +289,6 @@ class NpuCore(wiring.Component):
         m.submodules.program = program
         prog_wp = program.write_port()
         prog_rp = program.read_port(domain="sync", transparent_for=())
-        prog_len = Signal(range(c.program_depth + 1))
 
         # Shared read address/enable (and the space read), and the write bus: a vector
         # address, the beat (wr_beat, lanes < n only) and one beat of data, into bank
@@ -430,122 +401,25 @@ class NpuCore(wiring.Component):
             m.d.comb += access_set.eq(ErrorCode.QUEUE_OVERFLOW)
 
         # =============================================================================
-        # Host access to memories and program (only while no program runs)
+        # Host access (hw.core.host_access): memories, MRF and program, checked, only
+        # while no program runs
         # =============================================================================
-        host_ok = ~running
-        host_wr_en = Signal()
-        host_rd_en = Signal()
-        host_rd_addr = Signal(a_bits)
-
-        # Vector write: with lanes < n, B beat writes on the write bus (the MFU VRFs take
-        # beats), `ready` with the last; a refused request is still answered at once.
-        w = self.vec_w.payload
-        w_bad_space = ~space_exists(w.space)
-        w_bad_addr = w.addr >= space_depth(w.space)
-        if beats == 1:
-            m.d.comb += self.vec_w.ready.eq(host_ok)
-        else:
-            host_beat = Signal(c.beat_bits)
-            m.d.comb += self.vec_w.ready.eq(
-                host_ok & (w_bad_space | w_bad_addr | (host_beat == beats - 1)))
-            with m.If(host_wr_en):
-                m.d.sync += host_beat.eq(host_beat + 1)
-        with m.If(self.vec_w.valid & host_ok):
-            with m.If(w_bad_space):
-                m.d.comb += access_set.eq(ErrorCode.ILLEGAL_FIELD)
-            with m.Elif(w_bad_addr):
-                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
-            with m.Else():
-                m.d.comb += host_wr_en.eq(1)
-
-        # Vector read: one request at a time, the response held until taken.
-        r = self.vec_r_req.payload
-        resp_valid = Signal()
-        resp_pending = Signal()       # read issued last cycle
-        resp_zero = Signal()
-        resp_data = Signal(vec)
-        r_bad_space = ~space_exists(r.space)
-        r_bad_addr = r.addr >= space_depth(r.space)
-        take_r = self.vec_r_req.valid & host_ok & ~resp_valid & ~resp_pending
-        m.d.comb += self.vec_r_req.ready.eq(host_ok & ~resp_valid & ~resp_pending)
-        host_rd_space = Signal(4)
-        with m.If(take_r):
-            m.d.sync += [resp_pending.eq(1), resp_zero.eq(r_bad_space | r_bad_addr)]
-            with m.If(r_bad_space):
-                m.d.comb += access_set.eq(ErrorCode.ILLEGAL_FIELD)
-            with m.Elif(r_bad_addr):
-                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
-            with m.Else():
-                m.d.comb += host_rd_en.eq(1)
-        m.d.comb += [host_rd_addr.eq(r.addr), host_rd_space.eq(r.space)]
-        with m.If(resp_pending):
-            m.d.sync += [resp_pending.eq(0), resp_valid.eq(1),
-                         resp_data.eq(Mux(resp_zero, 0, rd_data.as_value()))]
-        with m.If(self.vec_r_resp.valid & self.vec_r_resp.ready):
-            m.d.sync += resp_valid.eq(0)
-        m.d.comb += [self.vec_r_resp.valid.eq(resp_valid),
-                     self.vec_r_resp.payload.eq(resp_data)]
-
-        # MRF words, weight rows and read-back go to the MVM after a range check.
-        mw, wr, mr = self.mrf_w.payload, self.w_rows.payload, self.mrf_r_req.payload
-
-        def mrf_bad(p):
-            return (p.engine >= c.tiles) | (p.slot >= c.mrf_depth)
-
-        mw_bad = mrf_bad(mw)
-        mw_bad_word = mw.block.exponent > MAX_EXPONENT_CODE
-        wr_bad = mrf_bad(wr)
-        wr_bad_word = wr.static & (wr.static_exponent > MAX_EXPONENT_CODE)
-        m.d.comb += [
-            mvm.mrf_w.payload.eq(mw),
-            mvm.mrf_w.valid.eq(self.mrf_w.valid & host_ok & ~mw_bad & ~mw_bad_word),
-            self.mrf_w.ready.eq(host_ok & (mvm.mrf_w.ready | mw_bad | mw_bad_word)),
-            mvm.w_stream.payload.eq(wr),
-            mvm.w_stream.valid.eq(self.w_rows.valid & host_ok & ~wr_bad & ~wr_bad_word),
-            self.w_rows.ready.eq(host_ok & (mvm.w_stream.ready | wr_bad | wr_bad_word)),
-        ]
-        with m.If(self.mrf_w.valid & host_ok):
-            with m.If(mw_bad):
-                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
-            with m.Elif(mw_bad_word):
-                m.d.comb += access_set.eq(ErrorCode.MRF_WORD)
-        with m.If(self.w_rows.valid & host_ok):
-            with m.If(wr_bad):
-                m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
-            with m.Elif(wr_bad_word):
-                m.d.comb += access_set.eq(ErrorCode.MRF_WORD)
-        # Read-back: a refused request is answered with an all-zero word here.
-        mr_bad = mrf_bad(mr)
-        zero_resp = Signal()
-        m.d.comb += [
-            mvm.mrf_r_req.payload.eq(mr),
-            mvm.mrf_r_req.valid.eq(self.mrf_r_req.valid & host_ok & ~mr_bad & ~zero_resp),
-            self.mrf_r_req.ready.eq(host_ok & ~zero_resp & (mvm.mrf_r_req.ready | mr_bad)),
-            self.mrf_r_resp.valid.eq(mvm.mrf_r_resp.valid | zero_resp),
-            self.mrf_r_resp.payload.eq(Mux(zero_resp, 0, mvm.mrf_r_resp.payload.as_value())),
-            mvm.mrf_r_resp.ready.eq(self.mrf_r_resp.ready & ~zero_resp),
-        ]
-        with m.If(self.mrf_r_req.valid & self.mrf_r_req.ready & mr_bad):
-            m.d.sync += zero_resp.eq(1)
-            m.d.comb += access_set.eq(ErrorCode.ADDRESS_RANGE)
-        with m.If(zero_resp & self.mrf_r_resp.ready):
-            m.d.sync += zero_resp.eq(0)
-
-        # Program words.
-        pw = self.prog_w.payload
-        m.submodules.word_check = word_check = WordCheck(c)
-        m.d.comb += [self.prog_w.ready.eq(host_ok), prog_wp.addr.eq(pw.addr),
-                     word_check.word.eq(pw.word),
-                     prog_wp.data.eq(Cat(pw.word, word_check.predecode))]
-        with m.If(self.prog_w.valid & host_ok):
-            with m.If(pw.addr >= c.program_depth):
-                m.d.comb += access_set.eq(ErrorCode.PROGRAM_RANGE)
-            with m.Else():
-                m.d.comb += prog_wp.en.eq(1)
-                with m.If(pw.addr == 0):
-                    m.d.sync += prog_len.eq(1)
-                with m.Elif(pw.addr >= prog_len):
-                    m.d.sync += prog_len.eq(pw.addr + 1)
+        m.submodules.host_access = host = HostAccess(c)
+        for name in ("vec_w", "vec_r_req", "mrf_w", "w_rows", "mrf_r_req", "prog_w"):
+            wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(host, name))
+        for name in ("vec_r_resp", "mrf_r_resp"):
+            wiring.connect(m, getattr(host, name), wiring.flipped(getattr(self, name)))
+        wiring.connect(m, host.mvm_mrf_w, mvm.mrf_w)
+        wiring.connect(m, host.mvm_w_rows, mvm.w_stream)
+        wiring.connect(m, host.mvm_mrf_r_req, mvm.mrf_r_req)
+        wiring.connect(m, mvm.mrf_r_resp, host.mvm_mrf_r_resp)
+        prog = host.prog
+        prog_len = host.prog_len
+        m.d.comb += [host.open.eq(~running), host.rd_data.eq(rd_data),
+                     prog_wp.en.eq(prog.en), prog_wp.addr.eq(prog.addr),
+                     prog_wp.data.eq(prog.data)]
+        with m.If(host.access_set != ErrorCode.NONE):
+            m.d.comb += access_set.eq(host.access_set)
 
         # =============================================================================
         # Front end: fetch, decode, scalar registers, chain parse and check
@@ -591,12 +465,12 @@ class NpuCore(wiring.Component):
         word_error = verdict_error(m, checked.verdict)
         read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
         fetched0 = Signal()               # and the last did, with no write there
-        m.d.sync += fetched0.eq(read0 & ~(prog_wp.en & (pw.addr == 0)))
-        write1 = prog_wp.en & (pw.addr == 1)
+        m.d.sync += fetched0.eq(read0 & ~(prog.en & (prog.addr == 0)))
+        write1 = prog.en & (prog.addr == 1)
         # pc_out is `pc >= prog_len`, registered: the compare runs on this cycle's pc + 1
         # and the late `advance` only selects it, so the carry chain is not in front of
         # EXEC's and CHAIN's decisions (issue 36, timing). prog_len changes only on host
-        # writes, which a run refuses (host_ok); the run's start sets the flag from the
+        # writes, which a run refuses (HostAccess.open); the run's start sets the flag from the
         # length that cycle's write (if any) leaves, and EXEC and CHAIN read it only
         # within the run.
         pc_out = Signal()
@@ -806,7 +680,7 @@ class NpuCore(wiring.Component):
                         m.d.comb += [prog_rp.addr.eq(0), read0.eq(1)]
                     with m.Else():
                         m.d.sync += [running.eq(1), pc.eq(0),
-                                     pc_out.eq((prog_len == 0) & ~prog_wp.en)]
+                                     pc_out.eq((prog_len == 0) & ~prog.en)]
                         for reg in Reg:
                             m.d.sync += regs[reg].eq(regs[reg].init)
                         with m.If(fetched0 & ~write1):
@@ -1117,17 +991,14 @@ class NpuCore(wiring.Component):
 
         # Host memory access shares the ports while no program runs.
         with m.If(~running):
-            m.d.comb += [rd_addr.eq(host_rd_addr), rd_space_now.eq(host_rd_space),
-                         rd_en.eq(host_rd_en)]
-            with m.If(host_rd_en):
-                m.d.sync += rd_space_q.eq(host_rd_space)
-            if beats == 1:
-                m.d.comb += [wr_addr.eq(w.addr), wr_data.eq(w.values), wr_space.eq(w.space),
-                             wr_en.eq(host_wr_en)]
-            else:
-                m.d.comb += [wr_addr.eq(w.addr), wr_beat.eq(host_beat),
-                             wr_data.eq(beat_select(c, w.values.as_value(), host_beat)),
-                             wr_space.eq(w.space), wr_en.eq(host_wr_en)]
+            m.d.comb += [rd_addr.eq(host.rd.addr), rd_space_now.eq(host.rd.space),
+                         rd_en.eq(host.rd.en),
+                         wr_addr.eq(host.wr.addr), wr_data.eq(host.wr.data),
+                         wr_space.eq(host.wr.space), wr_en.eq(host.wr.en)]
+            if beats > 1:
+                m.d.comb += wr_beat.eq(host.wr.beat)
+            with m.If(host.rd.en):
+                m.d.sync += rd_space_q.eq(host.rd.space)
 
         # =============================================================================
         # Feeder (hw.core.feeder): each instance's chain configuration, then its L
