@@ -16,7 +16,8 @@ from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
 
 __all__ = [
     "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS", "HostAccess", "program_port_layout",
-    "program_write_layout", "vector_read_layout", "vector_space_exists", "vector_write_layout",
+    "program_write_layout", "vector_read_layout", "vector_space_depth", "vector_space_exists",
+    "vector_write_layout",
 ]
 
 #: Width of the address field of the host's vector-memory ports (the ISA's 2**24).
@@ -61,6 +62,12 @@ def vector_space_exists(config: NpuConfig, space) -> Value:
             result = result | (space == s)
         return result
     return (space == Space.IVRF.value) | ((space >= 2) & (space < 2 + vrfs))
+
+
+def vector_space_depth(config: NpuConfig, space) -> Value:
+    """The depth in vectors of vector memory ``space`` (a value holding a Space code):
+    ``ivrf_depth`` for the IVRF, ``vrf_depth`` for any other."""
+    return Mux(Value.cast(space) == Space.IVRF.value, config.ivrf_depth, config.vrf_depth)
 
 
 class HostAccess(wiring.Component):
@@ -138,7 +145,7 @@ class HostAccess(wiring.Component):
         host_ok = self.open
 
         def space_depth(space):
-            return Mux(Value.cast(space) == Space.IVRF.value, c.ivrf_depth, c.vrf_depth)
+            return vector_space_depth(c, space)
 
         # The assignments to access_set below are in the order of the core before the
         # split (the last one wins); the link sends one request at a time.

@@ -40,7 +40,7 @@ from hw.core.vectors import beat_layout, count_bits, pitch_bits, vector_layout
 from hw.core.feeder import Feeder, feeder_layout
 from hw.core.host_access import (
     HOST_ADDR_BITS, PROGRAM_ADDR_BITS, HostAccess, program_write_layout, vector_read_layout,
-    vector_space_exists, vector_write_layout,
+    vector_space_depth, vector_space_exists, vector_write_layout,
 )
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.reader import Reader, memory_spaces, reader_layout
@@ -363,7 +363,7 @@ class NpuCore(wiring.Component):
             return vector_space_exists(c, space)
 
         def space_depth(space):
-            return Mux(_raw(space) == Space.IVRF.value, c.ivrf_depth, c.vrf_depth)
+            return vector_space_depth(c, space)
 
         # --- network queues ---------------------------------------------------------
         m.submodules.inq_fifo = inq = fifo.SyncFIFOBuffered(width=vec.size,

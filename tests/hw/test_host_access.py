@@ -16,7 +16,10 @@ import pytest
 
 from host.spec.isa import ErrorCode, Space, vector_spaces
 from hw.core.host_access import (
-    HostAccess, program_write_layout, vector_read_layout, vector_write_layout,
+    HostAccess,
+    program_write_layout,
+    vector_read_layout,
+    vector_write_layout,
 )
 from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
 from tests.hw.test_feeder_writer import BUILDS, beats_of, run
@@ -126,13 +129,11 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
     requests = [random_request(rng, config) for _ in range(count)]
     memory = {(s, a): rng.getrandbits(16 * config.n)
               for s in range(16) for a in range(max(config.ivrf_depth, config.vrf_depth))}
-    mrf = {}
-
-    def mrf_word(key):
-        return mrf.setdefault(key, rng.getrandbits(8 + config.n * config.mantissa_bits_w))
-
-    expected, expected_len = account(config, requests, memory,
-                                     _Lazy(mrf_word))
+    # The MVM's answer to each read-back request, drawn up front.
+    mrf = {(f["engine"], f["row"], f["slot"]): rng.getrandbits(8 + config.n
+                                                                * config.mantissa_bits_w)
+           for kind, _, f in requests if kind == "mrf_r"}
+    expected, expected_len = account(config, requests, memory, mrf)
     seen = {key: [] for key in expected}
     state = {"next": 0, "offering": False, "open": True, "read": None, "mrf_pending": [],
              "mrf_offer": False}
@@ -192,7 +193,7 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
                 if key == "mrf_r":
                     p = port.payload
                     state["mrf_pending"].append(
-                        mrf_word((ctx.get(p.engine), ctx.get(p.row), ctx.get(p.slot))))
+                        mrf[ctx.get(p.engine), ctx.get(p.row), ctx.get(p.slot)])
         for name, key in (("vec_r_resp", "vec_resp"), ("mrf_r_resp", "mrf_resp")):
             port = getattr(dut, name)
             if ctx.get(port.valid) and ctx.get(port.ready):
@@ -213,17 +214,6 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
     for key, events in expected.items():
         assert seen[key] == events, f"{key}: {len(seen[key])} events, {len(events)} expected"
     return expected, expected_len
-
-
-class _Lazy:
-    """A mapping whose values come from ``make(key)`` on first use (the MRF's words,
-    drawn as the account or the bench first needs them, the same either way)."""
-
-    def __init__(self, make):
-        self._make = make
-
-    def __getitem__(self, key):
-        return self._make(key)
 
 
 @pytest.mark.parametrize("build", BUILDS)
