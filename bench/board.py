@@ -66,6 +66,8 @@ def board_records(build_dir=BUILD_DIR) -> list[dict]:
             base[key] = config[key]
     if "total_seconds" in info:
         base["build_seconds"] = info["total_seconds"]
+    if info.get("seed") is not None:          # make bitstream ARGS="--seed K"
+        base["nextpnr_seed"] = info["seed"]
     records = []
     for net, (achieved, constraint) in sorted(report["fmax"].items()):
         records.append({"name": "board fmax", "value": round(achieved, 2), "unit": "MHz",

