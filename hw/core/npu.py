@@ -16,7 +16,7 @@ network queues stay N lanes wide. With ``lanes == n`` none of that is built (Pyt
 
 from amaranth.hdl import (
     Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Module, Mux, ResetSignal, Signal, Value,
-    signed, unsigned,
+    unsigned,
 )
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for, ceil_log2
 
 from host.spec.config import NpuConfig
-from host.spec.formats import MAX_EXPONENT_CODE, Rounding, block_layout
+from host.spec.formats import Rounding, block_layout
 from host.spec.isa import (
     MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits,
 )
@@ -43,6 +43,7 @@ from hw.core.host_access import (
     vector_space_depth, vector_space_exists, vector_write_layout,
 )
 from hw.core.hazard import HazardWalk, pair_keys
+from hw.core.plan import PLAN_REGISTERS, PlanCheck, any_of, parsed_chain_layout
 from hw.core.reader import Reader, memory_spaces, reader_layout
 from hw.core.scoreboard import IN_FLIGHT, Scoreboard
 from hw.core.writer import Writer, writer_layout
@@ -118,13 +119,6 @@ def _fifo(m, name, layout, depth):
 def _raw(value):
     """The plain value of a signal or an enum view (ordering comparisons need it)."""
     return Value.cast(value)
-
-
-def _any(values):
-    result = Const(0, 1)
-    for v in values:
-        result = result | v
-    return result
 
 
 class NpuCore(wiring.Component):
@@ -256,7 +250,6 @@ class NpuCore(wiring.Component):
         c = self._config
         n = c.n
         mcfg = c.mfu
-        log2n = c.mvm.log2_n
         a_bits = c.vector_addr_bits
         vec = vector_layout(c)
         beat = beat_layout(c)        # = vec with lanes == n
@@ -325,7 +318,7 @@ class NpuCore(wiring.Component):
             mems["vrf"] = (_vector_banks(m, "vrf_copies", c, len(vrf_built) << v_bits),
                            copy_addr(rd_space_now, rd_addr, "copy_rd_addr"),
                            copy_addr(wr_space, wr_addr, "copy_wr_addr"),
-                           _any([wr_space == _vrf_space(k) for k in vrf_built]))
+                           any_of([wr_space == _vrf_space(k) for k in vrf_built]))
         mem_data = {}
         for key, (banks, raddr, waddr, wsel) in mems.items():
             ports = []
@@ -477,14 +470,19 @@ class NpuCore(wiring.Component):
         with m.If(advance):
             m.d.sync += [pc.eq(pc + 1), pc_out.eq(pc + 1 >= prog_len)]
 
-        # Chain being parsed.
-        at = Signal(PROGRAM_ADDR_BITS + 1)          # index of its v_rd
-        rd_space = Signal(4)
-        rd_op = Signal(_OPERAND_BITS)
-        rd_inc = Signal(_INC_BITS)
-        has_mv = Signal()
-        mv_op = Signal(_OPERAND_BITS)
-        mv_inc = Signal(_INC_BITS)
+        # Chain being parsed (hw.core.plan.parsed_chain_layout), and its MFU allocation.
+        chain = Signal(parsed_chain_layout(c))
+        at = chain.at                               # index of its v_rd
+        rd_space, rd_op, rd_inc = chain.rd_space, chain.rd_op, chain.rd_inc
+        has_mv, mv_op, mv_inc = chain.has_mv, chain.mv_op, chain.mv_inc
+        vv_used = chain.vv_used
+        vv_op = [chain.vv_op[k] for k in range(vrfs)]
+        vv_inc = [chain.vv_inc[k] for k in range(vrfs)]
+        n_wr = chain.n_wr
+        w_space = [chain.w_space[k] for k in range(MAX_WRITES)]
+        w_op = [chain.w_op[k] for k in range(MAX_WRITES)]
+        w_inc = [chain.w_inc[k] for k in range(MAX_WRITES)]
+        w_at = [chain.w_at[k] for k in range(MAX_WRITES)]
         n_ops = Signal(range(4 * c.mfus + 2))
         cur_m = Signal(range(c.mfus))
         used = [Signal(4, name=f"alloc_used{k}") for k in range(c.mfus)]
@@ -493,161 +491,27 @@ class NpuCore(wiring.Component):
         unbuilt = Signal()
         unbuilt_at = Signal(PROGRAM_ADDR_BITS + 1)
         mcfg_regs = Signal(data.ArrayLayout(mfu_layout(mcfg), c.mfus))
-        vv_used = Signal(vrfs)
-        vv_op = [Signal(_OPERAND_BITS, name=f"vv_op{k}") for k in range(vrfs)]
-        vv_inc = [Signal(_INC_BITS, name=f"vv_inc{k}") for k in range(vrfs)]
-        n_wr = Signal(range(MAX_WRITES + 1))
-        w_space = [Signal(4, name=f"w_space{k}") for k in range(MAX_WRITES)]
-        w_op = [Signal(_OPERAND_BITS, name=f"w_op{k}") for k in range(MAX_WRITES)]
-        w_inc = [Signal(_INC_BITS, name=f"w_inc{k}") for k in range(MAX_WRITES)]
-        w_at = [Signal(PROGRAM_ADDR_BITS + 1, name=f"w_at{k}") for k in range(MAX_WRITES)]
 
-        # The chain's derived sizes (from the registers, valid from CHECK on).
-        rows, cols = regs[Reg.ROWS], regs[Reg.COLS]
+        # The plan checks and the chain's sizes (hw.core.plan): registered terms, final
+        # by CHECK.
+        m.submodules.plan = plan = PlanCheck(c)
+        m.d.comb += [plan.chain.eq(chain), plan.inq_free.eq(inq_free),
+                     plan.outq_room.eq(outq_room)]
+        m.d.comb += [getattr(plan.regs, name).eq(regs[reg])
+                     for name, reg in PLAN_REGISTERS.items()]
         iters = regs[Reg.ITERATIONS]
-        length = Signal(mcfg.length_bits)
-        lanes_last = Signal(mcfg.lanes_bits)
-        # pix (the column tiles of a pixel) is registered, and the window products after
-        # it: only chains with an mv_mul read them (cols_t, window_extent and what is
-        # formed from them), and there s_wr writes COLS and the window registers at least
-        # four cycles (v_rd, mv_mul, v_wr, end_chain) before CHECK; pix is final a cycle
-        # after the register, the products a cycle later, the registered checks formed
-        # from them (e_cols, in_need, mrf_base then e_mrf, rd_base then top_rd) by CHECK.
-        # Combinational, cols - 1, the shift and the increment went into the products'
-        # multiplier in one cycle with them (the core alone's critical path at 53.7 MHz).
-        # length (the row tiles) is registered the same way: s_wr runs only outside
-        # chains, so ROWS is final at least three cycles before CHECK (s_wr, v_rd, v_wr,
-        # end_chain), length two, and the products formed from it (len_iters, then
-        # pushes; mrf_base, then e_mrf; in_need) by CHECK. Combinational, rows - 1, the
-        # shift and the increment went into len_iters's multiplier in one cycle with it
-        # (the core alone's critical path at 63.5 MHz).
-        pix = Signal(count_bits(c), init=1)
-        lanes_cols = Signal(bits_for(n))
-        m.d.sync += [pix.eq(((cols - 1) >> log2n) + 1), length.eq(((rows - 1) >> log2n) + 1)]
-        m.d.comb += [
-            lanes_last.eq(rows - ((length - 1) << log2n)),
-            lanes_cols.eq(cols - ((pix - 1) << log2n)),
-        ]
         win_w, win_h, pitch = regs[Reg.WIN_W], regs[Reg.WIN_H], regs[Reg.WIN_PITCH]
-        # The two window products are registered (see pix). Combinational, they put two
-        # multipliers in front of the plan checks' own (24.8 MHz on the ULX3S,
-        # docs/link-hw.md section 5). Each holds one product in its cycle (a product of
-        # three, or two products and a sum, was the core alone's path at 52.2 and 54.5
-        # MHz): win_area is final with pix, a cycle after the registers, so cols_t is
-        # final when pix * win_w * win_h was; win_rows is final a cycle after the
-        # registers and win_cols a cycle after pix, so their sum is final when the
-        # registered sum was.
-        win_area = Signal(len(win_w) + len(win_h))      # win_w * win_h
-        m.d.sync += win_area.eq(win_w * win_h)
-        cols_t = Signal(len(pix) + len(win_area))
-        m.d.sync += cols_t.eq(pix * win_area)
-        win_rows = Signal(len(win_h) + len(pitch))      # (win_h - 1) * pitch
-        win_cols = Signal(len(win_w) + len(pix))        # win_w * pix
-        m.d.sync += [win_rows.eq((win_h - 1) * pitch), win_cols.eq(win_w * pix)]
-        window_extent = Signal(max(len(win_rows), len(win_cols)) + 1)
-        m.d.comb += window_extent.eq(win_rows + win_cols)
-        groups = Signal(range(c.max_col_tiles + 1))
-        m.d.comb += groups.eq((cols_t[:bits_for(c.max_col_tiles)] + c.tiles - 1) // c.tiles)
-        last_iter = Signal(iteration_bits(c))
-        m.d.comb += last_iter.eq(iters - 1)
-        # C, the input vectors an iteration takes, as the hand-off keeps it: cols_t is
-        # wider, but a chain with cols_t > max_col_tiles fails e_cols, which CHECK tests
-        # before the only check reading c_in (e_under), and never reaches HANDOFF. A
-        # 40-bit C made iters * C a product tree on the way into e_under.
-        c_in = Signal(count_bits(c))
-        m.d.comb += c_in.eq(Mux(has_mv, cols_t, length))
-        extent = Signal(64)
-        m.d.comb += extent.eq(Mux(has_mv, window_extent, length))
-
-        # Checks of the plan (host.model.core.NpuModel._plan), in its order. Their terms
-        # are registers loaded every cycle, so that CHECK only picks among flags and the
-        # products and sums before the compares have cycles of their own (issue 36,
-        # timing closure). Each is a function of registers that stop changing before
-        # CHECK and do not change again until the next v_rd: the scalar registers (s_wr,
-        # outside chains), the v_rd's fields and the ops' (at least one v_wr and the
-        # end_chain follow them: final two cycles before CHECK; the sums and products of
-        # these are registered, then their compares), and the v_wr's (the last one the
-        # cycle before end_chain: final one cycle before CHECK; their products are
-        # registered and compared in CHECK). So in CHECK, the hazard states and HANDOFF
-        # each holds its function of the chain's final values, as the combinational
-        # checks did, and no cycle count changes.
-        prod_bits = len(last_iter) + _INC_BITS          # last_iter * an increment
-        e_space_rd = ~space_exists(rd_space) & (rd_space != Space.NETQ)
-        e_space_w = [(k < n_wr) & ~space_exists(w_space[k]) & (w_space[k] != Space.NETQ)
-                     for k in range(MAX_WRITES)]
-        e_space = Signal()
-        e_space_at = Signal(PROGRAM_ADDR_BITS + 1)
-        m.d.sync += [e_space.eq(_any([e_space_rd] + e_space_w)), e_space_at.eq(at)]
-        with m.If(~e_space_rd):
-            for k in reversed(range(MAX_WRITES)):
-                with m.If(e_space_w[k]):
-                    m.d.sync += e_space_at.eq(w_at[k])
-        at_next = Signal(PROGRAM_ADDR_BITS + 1)         # at + 1
-        m.d.sync += at_next.eq(at + 1)
-        e_cols = Signal()
-        m.d.sync += e_cols.eq(has_mv & (cols_t > c.max_col_tiles))
-        e_static = Signal()
-        m.d.sync += e_static.eq(has_mv & regs[Reg.Q_STATIC]
-                                & (regs[Reg.Q_EXPONENT] > MAX_EXPONENT_CODE))
-        mrf_prod = Signal(prod_bits)
-        mrf_base = Signal(_OPERAND_BITS + len(length) + len(groups) + 1)
-        m.d.sync += [mrf_prod.eq(last_iter * mv_inc), mrf_base.eq(mv_op + length * groups)]
-        e_mrf = Signal()
-        m.d.sync += e_mrf.eq(has_mv & (mrf_prod + mrf_base > c.mrf_depth))
-        # iters * C (the vectors the chain takes from the input queue), length * iters.
-        in_need = Signal(len(iters) + len(c_in))
-        m.d.sync += in_need.eq(iters * c_in)
-        len_iters = Signal(len(length) + len(iters))
-        m.d.sync += len_iters.eq(length * iters)
-        e_under = (rd_space == Space.NETQ) & (in_need > inq_free)
-        # The writes to the output queue (at most MAX_WRITES) times length * iters, as
-        # shifts and adds: a multiplier put a MULT18X18D, across the die, between the
-        # last v_wr's fields and this register (the core alone's critical path at
-        # 50.9 MHz).
-        n_netq = Signal(range(MAX_WRITES + 1))
-        m.d.comb += n_netq.eq(sum((k < n_wr) & (w_space[k] == Space.NETQ)
-                                  for k in range(MAX_WRITES)))
-        pushes = Signal(40)
-        m.d.sync += pushes.eq(sum(Mux(bit, len_iters << b, 0)
-                                  for b, bit in enumerate(n_netq)))
-        e_over = pushes > outq_room
-        # last_iter * increment of every range: the range checks' and the hazard walk's.
-        rd_prod = Signal(prod_bits)
-        rd_base = Signal(len(extent) + 1)
-        m.d.sync += [rd_prod.eq(last_iter * rd_inc), rd_base.eq(rd_op + extent)]
-        tops = []
-        top_rd = Signal()
-        m.d.sync += top_rd.eq((rd_space != Space.NETQ)
-                              & (rd_prod + rd_base > space_depth(rd_space)))
-        tops.append(top_rd)
-        vv_prod = {}
-        for k in vrf_built:
-            vv_prod[k] = Signal(prod_bits, name=f"vv_prod{k}")
-            base = Signal(_OPERAND_BITS + 1, name=f"vv_base{k}")
-            m.d.sync += [vv_prod[k].eq(last_iter * vv_inc[k]), base.eq(vv_op[k] + length)]
-            top = Signal(name=f"top_vv{k}")
-            m.d.sync += top.eq(vv_used[k] & (vv_prod[k] + base > c.vrf_depth))
-            tops.append(top)
-        w_prod = []
-        for k in range(MAX_WRITES):
-            # w_op + last_iter * w_inc + length > depth, as last_iter * w_inc > room.
-            w_prod.append(Signal(prod_bits, name=f"w_prod{k}"))
-            room = Signal(signed(_OPERAND_BITS + len(length) + 2), name=f"w_room{k}")
-            on = Signal(name=f"w_ranged{k}")
-            m.d.sync += [w_prod[k].eq(last_iter * w_inc[k]),
-                         room.eq(space_depth(w_space[k]) - w_op[k] - length),
-                         on.eq((k < n_wr) & (w_space[k] != Space.NETQ))]
-            tops.append(on & (w_prod[k] > room))
-        e_range = _any(tops)
+        length, last_iter = plan.length, plan.last_iter
 
         # The hazard walk (hw.core.hazard): the chain's ranges, each final by CHECK.
         ranges = {("r",): (~has_mv & (rd_space != Space.NETQ), rd_space, rd_op, rd_inc,
-                           rd_prod)}
+                           plan.rd_prod)}
         for k in range(MAX_WRITES):
             ranges[("w", k)] = ((k < n_wr) & (w_space[k] != Space.NETQ), w_space[k],
-                                w_op[k], w_inc[k], w_prod[k])
+                                w_op[k], w_inc[k], plan.w_prod[k])
         for k in vrf_built:
-            ranges[("v", k)] = (vv_used[k], _vrf_space(k), vv_op[k], vv_inc[k], vv_prod[k])
+            ranges[("v", k)] = (vv_used[k], _vrf_space(k), vv_op[k], vv_inc[k],
+                                plan.vv_prod[k])
         m.submodules.hazard_walk = walk = HazardWalk(c)
         for port, key in zip(walk.ranges, pair_keys(c), strict=True):
             r_used, r_space, r_start, r_inc, r_prod = ranges[key]
@@ -787,13 +651,7 @@ class NpuCore(wiring.Component):
                 checks = [
                     (unbuilt, ErrorCode.ILLEGAL_OPCODE, unbuilt_at),
                     (alloc_fail, ErrorCode.CHAIN_STRUCTURE, at),
-                    (e_space, ErrorCode.ILLEGAL_FIELD, e_space_at),
-                    (e_cols, ErrorCode.SIZE_RANGE, at),
-                    (e_static, ErrorCode.REGISTER_VALUE, at_next),
-                    (e_mrf, ErrorCode.ADDRESS_RANGE, at_next),
-                    (e_under, ErrorCode.QUEUE_UNDERFLOW, at),
-                    (e_over, ErrorCode.QUEUE_OVERFLOW, at),
-                    (e_range, ErrorCode.ADDRESS_RANGE, at),
+                    (plan.error != ErrorCode.NONE, plan.error, plan.error_at),
                 ]
                 with m.If(checks[0][0]):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(checks[0][1]),
@@ -818,18 +676,19 @@ class NpuCore(wiring.Component):
                     m.d.comb += prog_rp.addr.eq(pc + 1)
                     m.d.sync += desc_valid.eq(1)
                     with m.If(rd_space == Space.NETQ):
-                        m.d.comb += inq_claim.eq(in_need)
-                    m.d.comb += outq_claim.eq(pushes)
+                        m.d.comb += inq_claim.eq(plan.in_need)
+                    m.d.comb += outq_claim.eq(plan.pushes)
                     m.d.sync += [
                         desc.rd_space.eq(rd_space), desc.rd_addr.eq(rd_op),
                         desc.rd_inc.eq(rd_inc), desc.has_mv.eq(has_mv),
                         desc.mv_slot.eq(mv_op), desc.mv_inc.eq(mv_inc),
-                        desc.pix.eq(Mux(has_mv, pix, length)),
+                        desc.pix.eq(Mux(has_mv, plan.pix, length)),
                         desc.win_w.eq(Mux(has_mv, win_w, 1)),
                         desc.win_h.eq(Mux(has_mv, win_h, 1)),
-                        desc.pitch.eq(pitch), desc.lanes_cols.eq(lanes_cols),
-                        desc.cols.eq(cols_t), desc.c_in.eq(c_in), desc.extent.eq(extent),
-                        desc.length.eq(length), desc.lanes_last.eq(lanes_last),
+                        desc.pitch.eq(pitch), desc.lanes_cols.eq(plan.lanes_cols),
+                        desc.cols.eq(plan.cols_t), desc.c_in.eq(plan.c_in),
+                        desc.extent.eq(plan.extent),
+                        desc.length.eq(length), desc.lanes_last.eq(plan.lanes_last),
                         desc.iters.eq(iters), desc.rounding.eq(regs[Reg.ROUNDING]),
                         desc.static.eq(regs[Reg.Q_STATIC]),
                         desc.q_exponent.eq(regs[Reg.Q_EXPONENT]),
