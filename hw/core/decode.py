@@ -24,7 +24,7 @@ from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "verdict_error", "iteration_bits", "built_vrfs"]
+           "verdict_error", "iteration_bits", "built_vrfs", "vrf_space"]
 
 
 def iteration_bits(config: NpuConfig) -> int:
@@ -36,6 +36,11 @@ def built_vrfs(config: NpuConfig) -> list[int]:
     """The VRFs the build has, as indices ``2m + bank`` (space ``2 + index``), in order:
     every one without unit sets (:func:`host.spec.isa.vector_spaces`)."""
     return [s.value - 2 for s in vector_spaces(config)[1:]]
+
+
+def vrf_space(index: int) -> int:
+    """The Space code of VRF ``index`` (``2m + bank``): AddSubVrf ``m`` or MulVrf ``m``."""
+    return 2 + index
 
 
 #: Largest legal function code of each opcode that has a function field.

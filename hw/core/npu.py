@@ -21,10 +21,10 @@ from amaranth.hdl import (
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
+from amaranth.utils import ceil_log2
 
 from host.spec.config import NpuConfig
-from host.spec.formats import Rounding, block_layout
+from host.spec.formats import block_layout
 from host.spec.isa import (
     MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits,
 )
@@ -32,32 +32,28 @@ from host.spec.mfu import UNITS, MfuUnit, mfu_layout, vrf_write_layout
 from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
-from hw.mvm.mvm import Mvm, command_layout, mrf_address_layout, mrf_word_layout, weight_row_layout
+from hw.mvm.mvm import Mvm, mrf_address_layout, mrf_word_layout, weight_row_layout
 from hw.core.decode import (
-    PREDECODE_LAYOUT, InstructionDecoder, built_vrfs, iteration_bits, verdict_error,
+    PREDECODE_LAYOUT, InstructionDecoder, built_vrfs, verdict_error, vrf_space,
 )
-from hw.core.vectors import beat_layout, count_bits, pitch_bits, vector_layout
-from hw.core.feeder import Feeder, feeder_layout
+from hw.core.vectors import beat_layout, vector_layout
+from hw.core.feeder import Feeder
 from hw.core.host_access import (
     HOST_ADDR_BITS, PROGRAM_ADDR_BITS, HostAccess, program_write_layout, vector_read_layout,
     vector_space_depth, vector_space_exists, vector_write_layout,
 )
 from hw.core.hazard import HazardWalk, pair_keys
+from hw.core.issuer import Issuer, checked_chain_layout
 from hw.core.plan import PLAN_REGISTERS, PlanCheck, any_of, parsed_chain_layout
-from hw.core.reader import Reader, memory_spaces, reader_layout
-from hw.core.scoreboard import IN_FLIGHT, Scoreboard
-from hw.core.writer import Writer, writer_layout
+from hw.core.reader import Reader, memory_spaces
+from hw.core.scoreboard import IN_FLIGHT
+from hw.core.writer import Writer
 from hw.ecp5 import global_buffer
-from hw.mvm.tile_engine import TileEngine
 
 __all__ = [
     "NpuCore", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS", "vector_space_exists",
     "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
 ]
-
-_INC_BITS = 16
-_OPERAND_BITS = 32
-
 
 def _vector_banks(m, name, config, depth):
     """A vector memory of ``depth`` native vectors as ``beats`` banks, bank ``b`` holding
@@ -76,44 +72,6 @@ def _vector_banks(m, name, config, depth):
         m.submodules[f"{name}_beat{b}"] = mem
         banks.append(mem)
     return banks
-
-
-def _chain_layout(config: NpuConfig) -> data.StructLayout:
-    """A checked chain, handed from the checker to the issuer (addresses of iteration 0)."""
-    a = config.vector_addr_bits
-    mfu = config.mfu
-    vrfs = 2 * config.mfus
-    return data.StructLayout({
-        "rd_space": Space, "rd_addr": unsigned(a), "rd_inc": unsigned(_INC_BITS),
-        "has_mv": unsigned(1), "mv_slot": unsigned(TileEngine.slot_bits(config.mvm)),
-        "mv_inc": unsigned(_INC_BITS),
-        "pix": unsigned(count_bits(config)), "win_w": unsigned(count_bits(config)),
-        "win_h": unsigned(count_bits(config)), "pitch": unsigned(pitch_bits(config)),
-        "lanes_cols": unsigned(bits_for(config.n)),
-        "cols": unsigned(count_bits(config)), "c_in": unsigned(count_bits(config)),
-        "extent": unsigned(a + 1),
-        "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
-        "iters": unsigned(iteration_bits(config)),
-        "rounding": Rounding, "static": unsigned(1), "q_exponent": unsigned(8),
-        "narrow": unsigned(7),
-        "mfu": data.ArrayLayout(mfu_layout(mfu), config.mfus),
-        "vv_used": unsigned(vrfs), "vv_inc": data.ArrayLayout(unsigned(_INC_BITS), vrfs),
-        "w_valid": unsigned(MAX_WRITES),
-        "w_space": data.ArrayLayout(Space, MAX_WRITES),
-        "w_addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
-        "w_inc": data.ArrayLayout(unsigned(_INC_BITS), MAX_WRITES),
-    })
-
-
-def _vrf_space(index):
-    """Space of VRF ``index`` (``2m + bank``): AddSubVrf ``m`` or MulVrf ``m``."""
-    return 2 + index
-
-
-def _fifo(m, name, layout, depth):
-    f = fifo.SyncFIFOBuffered(width=layout.size, depth=depth)
-    m.submodules[name] = f
-    return f, data.View(layout, f.r_data), data.View(layout, f.w_data)
 
 
 def _raw(value):
@@ -308,7 +266,7 @@ class NpuCore(wiring.Component):
             m.d.comb += a.eq(addr[:v_bits])
             with m.Switch(_raw(space)):
                 for j, k in enumerate(vrf_built[1:], 1):
-                    with m.Case(_vrf_space(k)):
+                    with m.Case(vrf_space(k)):
                         m.d.comb += a.eq(Cat(addr[:v_bits], Const(j, slot_bits)))
             return a
 
@@ -318,7 +276,7 @@ class NpuCore(wiring.Component):
             mems["vrf"] = (_vector_banks(m, "vrf_copies", c, len(vrf_built) << v_bits),
                            copy_addr(rd_space_now, rd_addr, "copy_rd_addr"),
                            copy_addr(wr_space, wr_addr, "copy_wr_addr"),
-                           any_of([wr_space == _vrf_space(k) for k in vrf_built]))
+                           any_of([wr_space == vrf_space(k) for k in vrf_built]))
         mem_data = {}
         for key, (banks, raddr, waddr, wsel) in mems.items():
             ports = []
@@ -510,7 +468,7 @@ class NpuCore(wiring.Component):
             ranges[("w", k)] = ((k < n_wr) & (w_space[k] != Space.NETQ), w_space[k],
                                 w_op[k], w_inc[k], plan.w_prod[k])
         for k in vrf_built:
-            ranges[("v", k)] = (vv_used[k], _vrf_space(k), vv_op[k], vv_inc[k],
+            ranges[("v", k)] = (vv_used[k], vrf_space(k), vv_op[k], vv_inc[k],
                                 plan.vv_prod[k])
         m.submodules.hazard_walk = walk = HazardWalk(c)
         for port, key in zip(walk.ranges, pair_keys(c), strict=True):
@@ -521,7 +479,7 @@ class NpuCore(wiring.Component):
 
         # Hand-off register: a checked chain for the issuer.
         desc_valid = Signal()
-        desc = Signal(_chain_layout(c))
+        desc = Signal(checked_chain_layout(c))
         desc_take = Signal()
 
         fe_fail = Signal()
@@ -713,132 +671,22 @@ class NpuCore(wiring.Component):
             m.d.sync += desc_valid.eq(0)
 
         # =============================================================================
-        # Issuer: one instance per iteration, when its reads are clear of the writes of
-        # the instances in flight
+        # Issuer (hw.core.issuer): one instance per iteration, when its reads are clear
+        # of the writes of the instances in flight
         # =============================================================================
-        cur = Signal(_chain_layout(c))
-        cur_valid = Signal()
-        left = Signal(iteration_bits(c))
-        it_rd = Signal(a_bits)
-        it_mv = Signal(TileEngine.slot_bits(c.mvm))
-        it_vv = [Signal(mcfg.addr_bits, name=f"it_vv{k}") for k in range(vrfs)]
-        it_wr = [Signal(a_bits, name=f"it_wr{k}") for k in range(MAX_WRITES)]
-
-        def vv_base(chain, k):
-            f = chain.mfu[k // 2]
-            return f.addsub_addr if k % 2 == 0 else f.mul_addr
-
-        m.d.comb += desc_take.eq(desc_valid & ~cur_valid)
-        with m.If(desc_take):
-            m.d.sync += [cur.eq(desc), cur_valid.eq(1), left.eq(desc.iters),
-                         it_rd.eq(desc.rd_addr), it_mv.eq(desc.mv_slot)]
-            m.d.sync += [it_vv[k].eq(vv_base(desc, k)) for k in range(vrfs)]
-            m.d.sync += [it_wr[k].eq(desc.w_addr[k]) for k in range(MAX_WRITES)]
-
-        # In-flight instances: their write ranges (hw.core.scoreboard), oldest first.
-        m.submodules.scoreboard = sb = Scoreboard(c)
-        issue = Signal()
-        retire = Signal()
-        m.d.comb += [sb.issue.eq(issue), sb.take.eq(desc_take), sb.retire.eq(retire)]
-        # The read ranges' ends, it_rd + extent and it_vv + L, are registers kept beside
-        # the starts, so that the scoreboard's compares start from registers (issue 36,
-        # timing). They equal the sums wherever a read is compared: a handed-off chain
-        # passed the range checks, so no start of its iterations wraps around.
-        it_rd_end = Signal(a_bits + 2)
-        it_vv_end = {k: Signal(mcfg.addr_bits + 1, name=f"it_vv_end{k}") for k in vrf_built}
-        # Next cycle's read ranges: the current ones advanced by an issue, or a taken
-        # chain's first (the issue and the take below load them; `hit` compares them).
-        def advanced(value, inc):
-            return (value + inc)[:len(value)]
-
-        rd_adv, rd_end_adv = advanced(it_rd, cur.rd_inc), advanced(it_rd_end, cur.rd_inc)
-        vv_adv = [advanced(it_vv[k], cur.vv_inc[k]) for k in range(vrfs)]
-        vv_end_adv = {k: advanced(it_vv_end[k], cur.vv_inc[k]) for k in vrf_built}
-        rd_end_taken = (desc.rd_addr + desc.extent)[:len(it_rd_end)]
-        vv_end_taken = {k: (vv_base(desc, k) + desc.length)[:len(it_vv_end[k])]
-                        for k in vrf_built}
-        with m.If(desc_take):
-            m.d.sync += it_rd_end.eq(rd_end_taken)
-            m.d.sync += [it_vv_end[k].eq(vv_end_taken[k]) for k in vrf_built]
-
-        # The scoreboard compares next cycle's reads (hw.core.scoreboard): the reads
-        # after this issue, or the taken chain's first.
-        reads_next = [(
-            Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
-            Mux(cur_valid, _raw(cur.rd_space), _raw(desc.rd_space)),
-            Mux(cur_valid, rd_adv, desc.rd_addr), Mux(cur_valid, rd_end_adv, rd_end_taken))]
-        for k in vrf_built:
-            reads_next.append((
-                Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), _vrf_space(k),
-                Mux(cur_valid, vv_adv[k], vv_base(desc, k)),
-                Mux(cur_valid, vv_end_adv[k], vv_end_taken[k])))
-        for port, (on, space, lo, hi) in zip(sb.reads_next, reads_next, strict=True):
-            m.d.comb += [port.on.eq(on), port.space.eq(space), port.lo.eq(lo), port.hi.eq(hi)]
-        for k, port in enumerate(sb.issued):
-            m.d.comb += [port.on.eq(cur.w_valid[k] & (cur.w_space[k] != Space.NETQ)),
-                         port.space.eq(cur.w_space[k]), port.lo.eq(it_wr[k]),
-                         port.hi.eq((it_wr[k] + cur.length)[:a_bits + 1])]
-
-        m.submodules.reader_q = rq = fifo.SyncFIFOBuffered(
-            width=reader_layout(c).size, depth=IN_FLIGHT)
-        m.submodules.feeder_q = fq = fifo.SyncFIFOBuffered(
-            width=feeder_layout(c).size, depth=IN_FLIGHT)
-        m.submodules.writer_q = wq = fifo.SyncFIFOBuffered(
-            width=writer_layout(c).size, depth=IN_FLIGHT)
-        m.submodules.mvm_q = cq = fifo.SyncFIFOBuffered(
-            width=command_layout(c.mvm).size, depth=IN_FLIGHT)
-        rq_w = data.View(reader_layout(c), rq.w_data)
-        fq_w = data.View(feeder_layout(c), fq.w_data)
-        wq_w = data.View(writer_layout(c), wq.w_data)
-        cq_w = data.View(command_layout(c.mvm), cq.w_data)
-
-        m.d.comb += issue.eq(cur_valid & ~sb.conflict & ~sb.full & rq.w_rdy & fq.w_rdy
-                             & wq.w_rdy & cq.w_rdy)
-        m.d.comb += [
-            rq.w_en.eq(issue), fq.w_en.eq(issue), wq.w_en.eq(issue),
-            cq.w_en.eq(issue & cur.has_mv),
-            rq_w.space.eq(cur.rd_space), rq_w.base.eq(it_rd), rq_w.pix.eq(cur.pix),
-            rq_w.win_w.eq(cur.win_w), rq_w.win_h.eq(cur.win_h), rq_w.pitch.eq(cur.pitch),
-            rq_w.lanes_cols.eq(cur.lanes_cols), rq_w.to_mvm.eq(cur.has_mv),
-            cq_w.base.eq(it_mv), cq_w.row_tiles.eq(cur.length), cq_w.col_tiles.eq(cur.cols),
-            cq_w.rounding.eq(cur.rounding), cq_w.static.eq(cur.static),
-            cq_w.static_exponent.eq(cur.q_exponent), cq_w.narrow_width.eq(cur.narrow),
-            fq_w.to_mvm.eq(cur.has_mv), fq_w.chain.length.eq(cur.length),
-            fq_w.chain.lanes_last.eq(cur.lanes_last),
-            wq_w.length.eq(cur.length), wq_w.valid.eq(cur.w_valid),
-        ]
-        for k in range(c.mfus):
-            src = cur.mfu[k]
-            dst = fq_w.chain.mfu[k]
-            m.d.comb += [dst.order.eq(src.order), dst.addsub_op.eq(src.addsub_op),
-                         dst.act_op.eq(src.act_op), dst.reduce_op.eq(src.reduce_op),
-                         dst.addsub_addr.eq(it_vv[2 * k]), dst.mul_addr.eq(it_vv[2 * k + 1])]
-        for k in range(MAX_WRITES):
-            m.d.comb += [wq_w.space[k].eq(cur.w_space[k]), wq_w.addr[k].eq(it_wr[k])]
-        with m.If(issue):
-            m.d.sync += [it_rd.eq(rd_adv), it_mv.eq(it_mv + cur.mv_inc), left.eq(left - 1)]
-            m.d.sync += [it_vv[k].eq(vv_adv[k]) for k in range(vrfs)]
-            m.d.sync += it_rd_end.eq(rd_end_adv)
-            m.d.sync += [it_vv_end[k].eq(vv_end_adv[k]) for k in vrf_built]
-            m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
-            with m.If(left == 1):
-                m.d.sync += cur_valid.eq(0)
-
-        m.d.comb += be_idle.eq(~cur_valid & sb.empty & ~mvm.busy & ~mfu.busy)
-
-        # MVM commands.
-        m.d.comb += [mvm.cmd.valid.eq(cq.r_rdy), mvm.cmd.payload.eq(cq.r_data),
-                     cq.r_en.eq(mvm.cmd.ready)]
+        m.submodules.issuer = issuer = Issuer(c)
+        m.d.comb += [issuer.chains.valid.eq(desc_valid), issuer.chains.payload.eq(desc),
+                     desc_take.eq(issuer.chains.valid & issuer.chains.ready)]
+        m.d.comb += be_idle.eq(issuer.idle & ~mvm.busy & ~mfu.busy)
+        wiring.connect(m, issuer.mvm, mvm.cmd)
 
         # =============================================================================
         # Reader (hw.core.reader): the source vectors of each instance (input queue or a
         # vector memory), window by window, into the MVM's buffer or the direct buffer
         # =============================================================================
         m.submodules.reader = reader = Reader(c)
-        m.d.comb += [reader.instances.valid.eq(rq.r_rdy),
-                     reader.instances.payload.eq(rq.r_data),
-                     rq.r_en.eq(reader.instances.ready),
-                     reader.inq.valid.eq(inq.r_rdy), reader.inq.payload.eq(inq.r_data),
+        wiring.connect(m, issuer.reader, reader.instances)
+        m.d.comb += [reader.inq.valid.eq(inq.r_rdy), reader.inq.payload.eq(inq.r_data),
                      inq.r_en.eq(reader.inq.ready)]
         for key in mem_spaces:
             m.d.comb += getattr(reader, f"{key}_data").eq(mem_data[key])
@@ -864,9 +712,7 @@ class NpuCore(wiring.Component):
         # vectors (MVM results or source vectors) into the MFU pipeline
         # =============================================================================
         m.submodules.feeder = feeder = Feeder(c)
-        m.d.comb += [feeder.instances.valid.eq(fq.r_rdy),
-                     feeder.instances.payload.eq(fq.r_data),
-                     fq.r_en.eq(feeder.instances.ready)]
+        wiring.connect(m, issuer.feeder, feeder.instances)
         wiring.connect(m, reader.direct, feeder.direct)
         wiring.connect(m, mvm.y_stream, feeder.products)
         wiring.connect(m, feeder.chain, mfu.chain)
@@ -878,10 +724,8 @@ class NpuCore(wiring.Component):
         # program runs)
         # =============================================================================
         m.submodules.writer = writer = Writer(c)
-        m.d.comb += [writer.instances.valid.eq(wq.r_rdy),
-                     writer.instances.payload.eq(wq.r_data),
-                     wq.r_en.eq(writer.instances.ready), retire.eq(writer.instances.ready),
-                     outq.w_en.eq(writer.outq_push), outq.w_data.eq(writer.outq_data)]
+        wiring.connect(m, issuer.writer, writer.instances)
+        m.d.comb += [outq.w_en.eq(writer.outq_push), outq.w_data.eq(writer.outq_data)]
         wiring.connect(m, mfu.o_stream, writer.results)
         with m.If(writer.wr.en):
             m.d.comb += [wr_en.eq(1), wr_space.eq(writer.wr.space),

@@ -1,0 +1,235 @@
+"""The issuer: each checked chain as one instance per iteration, to the reader, the
+feeder, the writer and (a product's) the MVM, when the iteration's reads are clear of
+the writes of the instances in flight (``docs/npu.md``, "Issue").
+
+The front end hands over a chain that passed every check (:func:`checked_chain_layout`: the
+addresses of iteration 0 and the increments); the issuer holds it as the current chain
+and issues its iterations one a cycle at most, each iteration's addresses advanced by
+the increments. An iteration issues when its reads overlap no write range of an
+instance in flight (:class:`hw.core.scoreboard.Scoreboard`, which also bounds the
+instances in flight to :data:`~hw.core.scoreboard.IN_FLIGHT`) and each of the four
+instance queues has room; a chain is taken only when none is current.
+"""
+
+from amaranth.hdl import Module, Mux, Signal, Value, unsigned
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import bits_for
+
+from host.spec.config import NpuConfig
+from host.spec.formats import Rounding
+from host.spec.isa import FIELDS, MAX_WRITES, Space
+from host.spec.mfu import mfu_layout
+from hw.core.decode import built_vrfs, iteration_bits, vrf_space
+from hw.core.feeder import feeder_layout
+from hw.core.reader import reader_layout
+from hw.core.scoreboard import IN_FLIGHT, Scoreboard
+from hw.core.vectors import count_bits, pitch_bits
+from hw.core.writer import writer_layout
+from hw.mvm.mvm import command_layout
+from hw.mvm.tile_engine import TileEngine
+
+__all__ = ["Issuer", "checked_chain_layout"]
+
+
+def checked_chain_layout(config: NpuConfig) -> data.StructLayout:
+    """A checked chain, handed from the checker to the issuer (addresses of iteration 0):
+    the read (``rd_space``, ``rd_addr``, ``rd_inc``), the product (``has_mv``,
+    ``mv_slot``, ``mv_inc``) and its window (``pix``, ``win_w``, ``win_h``, ``pitch``,
+    ``lanes_cols``, ``cols``: column tiles, ``c_in``, ``extent``: the read's vectors an
+    iteration), the sizes (``length``, ``lanes_last``, ``iters``), the quantizer's
+    registers (``rounding``, ``static``, ``q_exponent``, ``narrow``), the MFU
+    configuration (``mfu``), each VRF's ``vv_used``/``vv_inc`` (the base addresses are in
+    ``mfu``), and the writes (``w_valid``, ``w_space``, ``w_addr``, ``w_inc``)."""
+    a = config.vector_addr_bits
+    mfu = config.mfu
+    vrfs = 2 * config.mfus
+    inc = unsigned(FIELDS["inc"][1])
+    return data.StructLayout({
+        "rd_space": Space, "rd_addr": unsigned(a), "rd_inc": inc,
+        "has_mv": unsigned(1), "mv_slot": unsigned(TileEngine.slot_bits(config.mvm)),
+        "mv_inc": inc,
+        "pix": unsigned(count_bits(config)), "win_w": unsigned(count_bits(config)),
+        "win_h": unsigned(count_bits(config)), "pitch": unsigned(pitch_bits(config)),
+        "lanes_cols": unsigned(bits_for(config.n)),
+        "cols": unsigned(count_bits(config)), "c_in": unsigned(count_bits(config)),
+        "extent": unsigned(a + 1),
+        "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
+        "iters": unsigned(iteration_bits(config)),
+        "rounding": Rounding, "static": unsigned(1), "q_exponent": unsigned(8),
+        "narrow": unsigned(7),
+        "mfu": data.ArrayLayout(mfu_layout(mfu), config.mfus),
+        "vv_used": unsigned(vrfs), "vv_inc": data.ArrayLayout(inc, vrfs),
+        "w_valid": unsigned(MAX_WRITES),
+        "w_space": data.ArrayLayout(Space, MAX_WRITES),
+        "w_addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
+        "w_inc": data.ArrayLayout(inc, MAX_WRITES),
+    })
+
+
+class Issuer(wiring.Component):
+    """Instances of checked chains (module docstring).
+
+    Parameters
+    ----------
+    config : host.spec.config.NpuConfig
+
+    Ports
+    -----
+    chains : ``In(stream.Signature(checked_chain_layout(config)))``
+        Checked chains; one is taken when no chain is current.
+    reader : ``Out(stream.Signature(reader_layout(config)))``
+    feeder : ``Out(stream.Signature(feeder_layout(config)))``
+    writer : ``Out(stream.Signature(writer_layout(config)))``
+        Every instance, to each unit, through a queue of :data:`IN_FLIGHT` each.
+    mvm : ``Out(stream.Signature(command_layout(config.mvm)))``
+        The product of each instance that has one (the MVM's command).
+    idle : ``Out(1)``
+        No chain is current and no instance is in flight.
+
+    The writer's ``ready`` (taking the next instance) retires the oldest instance from
+    the scoreboard: it has written the last vector of the one before.
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not an :class:`host.spec.config.NpuConfig`.
+    """
+
+    def __init__(self, config):
+        if not isinstance(config, NpuConfig):
+            self._MustUse__silence = True
+            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        self._config = config
+        super().__init__({
+            "chains": In(stream.Signature(checked_chain_layout(config))),
+            "reader": Out(stream.Signature(reader_layout(config))),
+            "feeder": Out(stream.Signature(feeder_layout(config))),
+            "writer": Out(stream.Signature(writer_layout(config))),
+            "mvm": Out(stream.Signature(command_layout(config.mvm))),
+            "idle": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._config
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        a_bits = c.vector_addr_bits
+        mcfg = c.mfu
+        vrfs = 2 * c.mfus
+        vrf_built = built_vrfs(c)
+        desc = self.chains.payload
+        cur = Signal(checked_chain_layout(c))
+        cur_valid = Signal()
+        left = Signal(iteration_bits(c))
+        it_rd = Signal(a_bits)
+        it_mv = Signal(TileEngine.slot_bits(c.mvm))
+        it_vv = [Signal(mcfg.addr_bits, name=f"it_vv{k}") for k in range(vrfs)]
+        it_wr = [Signal(a_bits, name=f"it_wr{k}") for k in range(MAX_WRITES)]
+
+        def vv_base(chain, k):
+            f = chain.mfu[k // 2]
+            return f.addsub_addr if k % 2 == 0 else f.mul_addr
+
+        take = Signal()
+        m.d.comb += [self.chains.ready.eq(~cur_valid), take.eq(self.chains.valid & ~cur_valid)]
+        with m.If(take):
+            m.d.sync += [cur.eq(desc), cur_valid.eq(1), left.eq(desc.iters),
+                         it_rd.eq(desc.rd_addr), it_mv.eq(desc.mv_slot)]
+            m.d.sync += [it_vv[k].eq(vv_base(desc, k)) for k in range(vrfs)]
+            m.d.sync += [it_wr[k].eq(desc.w_addr[k]) for k in range(MAX_WRITES)]
+
+        # In-flight instances: their write ranges (hw.core.scoreboard), oldest first.
+        m.submodules.scoreboard = sb = Scoreboard(c)
+        issue = Signal()
+        m.d.comb += [sb.issue.eq(issue), sb.take.eq(take), sb.retire.eq(self.writer.ready)]
+        # The read ranges' ends, it_rd + extent and it_vv + L, are registers kept beside
+        # the starts, so that the scoreboard's compares start from registers (issue 36,
+        # timing). They equal the sums wherever a read is compared: a handed-off chain
+        # passed the range checks, so no start of its iterations wraps around.
+        it_rd_end = Signal(a_bits + 2)
+        it_vv_end = {k: Signal(mcfg.addr_bits + 1, name=f"it_vv_end{k}") for k in vrf_built}
+
+        # Next cycle's read ranges: the current ones advanced by an issue, or a taken
+        # chain's first (the issue and the take below load them; `hit` compares them).
+        def advanced(value, inc):
+            return (value + inc)[:len(value)]
+
+        rd_adv, rd_end_adv = advanced(it_rd, cur.rd_inc), advanced(it_rd_end, cur.rd_inc)
+        vv_adv = [advanced(it_vv[k], cur.vv_inc[k]) for k in range(vrfs)]
+        vv_end_adv = {k: advanced(it_vv_end[k], cur.vv_inc[k]) for k in vrf_built}
+        rd_end_taken = (desc.rd_addr + desc.extent)[:len(it_rd_end)]
+        vv_end_taken = {k: (vv_base(desc, k) + desc.length)[:len(it_vv_end[k])]
+                        for k in vrf_built}
+        with m.If(take):
+            m.d.sync += it_rd_end.eq(rd_end_taken)
+            m.d.sync += [it_vv_end[k].eq(vv_end_taken[k]) for k in vrf_built]
+
+        # The scoreboard compares next cycle's reads (hw.core.scoreboard): the reads
+        # after this issue, or the taken chain's first.
+        reads_next = [(
+            Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
+            Mux(cur_valid, Value.cast(cur.rd_space), Value.cast(desc.rd_space)),
+            Mux(cur_valid, rd_adv, desc.rd_addr), Mux(cur_valid, rd_end_adv, rd_end_taken))]
+        for k in vrf_built:
+            reads_next.append((
+                Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), vrf_space(k),
+                Mux(cur_valid, vv_adv[k], vv_base(desc, k)),
+                Mux(cur_valid, vv_end_adv[k], vv_end_taken[k])))
+        for port, (on, space, lo, hi) in zip(sb.reads_next, reads_next, strict=True):
+            m.d.comb += [port.on.eq(on), port.space.eq(space), port.lo.eq(lo), port.hi.eq(hi)]
+        for k, port in enumerate(sb.issued):
+            m.d.comb += [port.on.eq(cur.w_valid[k] & (cur.w_space[k] != Space.NETQ)),
+                         port.space.eq(cur.w_space[k]), port.lo.eq(it_wr[k]),
+                         port.hi.eq((it_wr[k] + cur.length)[:a_bits + 1])]
+
+        # The instance queues, one per unit.
+        queues = {}
+        for name, layout in (("reader", reader_layout(c)), ("feeder", feeder_layout(c)),
+                             ("writer", writer_layout(c)), ("mvm", command_layout(c.mvm))):
+            q = fifo.SyncFIFOBuffered(width=layout.size, depth=IN_FLIGHT)
+            m.submodules[f"{name}_q"] = q
+            out = getattr(self, name)
+            m.d.comb += [out.valid.eq(q.r_rdy), out.payload.eq(q.r_data),
+                         q.r_en.eq(out.ready)]
+            queues[name] = (q, data.View(layout, q.w_data))
+        (rq, rq_w), (fq, fq_w) = queues["reader"], queues["feeder"]
+        (wq, wq_w), (cq, cq_w) = queues["writer"], queues["mvm"]
+
+        m.d.comb += issue.eq(cur_valid & ~sb.conflict & ~sb.full & rq.w_rdy & fq.w_rdy
+                             & wq.w_rdy & cq.w_rdy)
+        m.d.comb += [
+            rq.w_en.eq(issue), fq.w_en.eq(issue), wq.w_en.eq(issue),
+            cq.w_en.eq(issue & cur.has_mv),
+            rq_w.space.eq(cur.rd_space), rq_w.base.eq(it_rd), rq_w.pix.eq(cur.pix),
+            rq_w.win_w.eq(cur.win_w), rq_w.win_h.eq(cur.win_h), rq_w.pitch.eq(cur.pitch),
+            rq_w.lanes_cols.eq(cur.lanes_cols), rq_w.to_mvm.eq(cur.has_mv),
+            cq_w.base.eq(it_mv), cq_w.row_tiles.eq(cur.length), cq_w.col_tiles.eq(cur.cols),
+            cq_w.rounding.eq(cur.rounding), cq_w.static.eq(cur.static),
+            cq_w.static_exponent.eq(cur.q_exponent), cq_w.narrow_width.eq(cur.narrow),
+            fq_w.to_mvm.eq(cur.has_mv), fq_w.chain.length.eq(cur.length),
+            fq_w.chain.lanes_last.eq(cur.lanes_last),
+            wq_w.length.eq(cur.length), wq_w.valid.eq(cur.w_valid),
+        ]
+        for k in range(c.mfus):
+            src = cur.mfu[k]
+            dst = fq_w.chain.mfu[k]
+            m.d.comb += [dst.order.eq(src.order), dst.addsub_op.eq(src.addsub_op),
+                         dst.act_op.eq(src.act_op), dst.reduce_op.eq(src.reduce_op),
+                         dst.addsub_addr.eq(it_vv[2 * k]), dst.mul_addr.eq(it_vv[2 * k + 1])]
+        for k in range(MAX_WRITES):
+            m.d.comb += [wq_w.space[k].eq(cur.w_space[k]), wq_w.addr[k].eq(it_wr[k])]
+        with m.If(issue):
+            m.d.sync += [it_rd.eq(rd_adv), it_mv.eq(it_mv + cur.mv_inc), left.eq(left - 1)]
+            m.d.sync += [it_vv[k].eq(vv_adv[k]) for k in range(vrfs)]
+            m.d.sync += it_rd_end.eq(rd_end_adv)
+            m.d.sync += [it_vv_end[k].eq(vv_end_adv[k]) for k in vrf_built]
+            m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
+            with m.If(left == 1):
+                m.d.sync += cur_valid.eq(0)
+
+        m.d.comb += self.idle.eq(~cur_valid & sb.empty)
+        return m
