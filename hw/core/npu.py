@@ -15,13 +15,12 @@ network queues stay N lanes wide. With ``lanes == n`` none of that is built (Pyt
 """
 
 from amaranth.hdl import (
-    Cat, ClockDomain, ClockSignal, Const, DomainRenamer, Module, Mux, ResetSignal, Signal, Value,
+    Cat, ClockDomain, ClockSignal, DomainRenamer, Module, Mux, ResetSignal, Signal,
     unsigned,
 )
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2
 
 from host.spec.config import NpuConfig
 from host.spec.formats import block_layout
@@ -36,7 +35,7 @@ from hw.mvm.mvm import Mvm, mrf_address_layout, mrf_word_layout, weight_row_layo
 from hw.core.decode import (
     PREDECODE_LAYOUT, InstructionDecoder, built_vrfs, verdict_error, vrf_space,
 )
-from hw.core.vectors import beat_layout, vector_layout
+from hw.core.vectors import vector_layout
 from hw.core.feeder import Feeder
 from hw.core.host_access import (
     HOST_ADDR_BITS, PROGRAM_ADDR_BITS, HostAccess, program_write_layout, vector_read_layout,
@@ -44,7 +43,8 @@ from hw.core.host_access import (
 )
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.issuer import Issuer, checked_chain_layout
-from hw.core.plan import PLAN_REGISTERS, PlanCheck, any_of, parsed_chain_layout
+from hw.core.memories import VectorMemories
+from hw.core.plan import PLAN_REGISTERS, PlanCheck, parsed_chain_layout
 from hw.core.reader import Reader, memory_spaces
 from hw.core.scoreboard import IN_FLIGHT
 from hw.core.writer import Writer
@@ -54,29 +54,6 @@ __all__ = [
     "NpuCore", "IN_FLIGHT", "HOST_ADDR_BITS", "PROGRAM_ADDR_BITS", "vector_space_exists",
     "vector_layout", "vector_write_layout", "vector_read_layout", "program_write_layout",
 ]
-
-def _vector_banks(m, name, config, depth):
-    """A vector memory of ``depth`` native vectors as ``beats`` banks, bank ``b`` holding
-    beat ``b`` of every vector at the vector's address (form (a) of the lanes plan note,
-    section 2.2): a read sees every bank, a whole native vector in one cycle (what the
-    MVM's input takes), and a write goes to one bank, one beat. With ``lanes == n``, one
-    bank: the memory of one vector per word, under ``name`` as before lanes existed.
-    Returns the list of ``lib.memory.Memory``, bank 0 first."""
-    if config.beats == 1:
-        mem = Memory(shape=vector_layout(config), depth=depth, init=[])
-        m.submodules[name] = mem
-        return [mem]
-    banks = []
-    for b in range(config.beats):
-        mem = Memory(shape=beat_layout(config), depth=depth, init=[])
-        m.submodules[f"{name}_beat{b}"] = mem
-        banks.append(mem)
-    return banks
-
-
-def _raw(value):
-    """The plain value of a signal or an enum view (ordering comparisons need it)."""
-    return Value.cast(value)
 
 
 class NpuCore(wiring.Component):
@@ -208,9 +185,7 @@ class NpuCore(wiring.Component):
         c = self._config
         n = c.n
         mcfg = c.mfu
-        a_bits = c.vector_addr_bits
         vec = vector_layout(c)
-        beat = beat_layout(c)        # = vec with lanes == n
         beats = c.beats               # beats of a native vector on the MFU side
         vrfs = 2 * c.mfus
         # The VRFs (index 2m + bank) that the unit sets build: every one without them.
@@ -241,74 +216,20 @@ class NpuCore(wiring.Component):
         prog_wp = program.write_port()
         prog_rp = program.read_port(domain="sync", transparent_for=())
 
-        # Shared read address/enable (and the space read), and the write bus: a vector
-        # address, the beat (wr_beat, lanes < n only) and one beat of data, into bank
-        # wr_beat of a space.
-        rd_addr = Signal(a_bits)
-        rd_space_now = Signal(4)      # the space of the read issued this cycle
-        rd_en = Signal()
-        wr_addr = Signal(a_bits)
-        wr_data = Signal(beat)
-        wr_space = Signal(4)
-        wr_en = Signal()
-        wr_beat = Signal(c.beat_bits) if beats > 1 else None
-
-        # The vector memories (_vector_banks): the IVRF, and the copies of the MFU VRFs in
-        # one memory, VRF slot j (the j-th built) at addresses j << v_bits. The reader
-        # reads one space a cycle and the write bus writes one, so one read and one write
-        # port per bank serve every copy; a memory per copy only multiplied block RAM (at
-        # N = 16 each 64-bit bank took two mostly empty DP16KD; issue 36 item 3).
-        v_bits = ceil_log2(c.vrf_depth)
-        slot_bits = ceil_log2(len(vrf_built))
-
-        def copy_addr(space, addr, name):
-            a = Signal(v_bits + slot_bits, name=name)
-            m.d.comb += a.eq(addr[:v_bits])
-            with m.Switch(_raw(space)):
-                for j, k in enumerate(vrf_built[1:], 1):
-                    with m.Case(vrf_space(k)):
-                        m.d.comb += a.eq(Cat(addr[:v_bits], Const(j, slot_bits)))
-            return a
-
-        mems = {"ivrf": (_vector_banks(m, "ivrf", c, c.ivrf_depth), rd_addr, wr_addr,
-                         wr_space == Space.IVRF.value)}
-        if vrf_built:
-            mems["vrf"] = (_vector_banks(m, "vrf_copies", c, len(vrf_built) << v_bits),
-                           copy_addr(rd_space_now, rd_addr, "copy_rd_addr"),
-                           copy_addr(wr_space, wr_addr, "copy_wr_addr"),
-                           any_of([wr_space == vrf_space(k) for k in vrf_built]))
-        mem_data = {}
-        for key, (banks, raddr, waddr, wsel) in mems.items():
-            ports = []
-            for b, mem in enumerate(banks):
-                rp = mem.read_port(domain="sync", transparent_for=())
-                wp = mem.write_port()
-                en = wr_en & wsel
-                m.d.comb += [rp.addr.eq(raddr), rp.en.eq(rd_en),
-                             wp.addr.eq(waddr), wp.data.eq(wr_data),
-                             wp.en.eq(en if beats == 1 else en & (wr_beat == b))]
-                ports.append(rp)
-            # The memory's read data, a native vector (the banks side by side).
-            mem_data[key] = (ports[0].data if beats == 1
-                             else data.View(vec, Cat(*(rp.data for rp in ports))))
-        # The spaces each memory holds, and each space's read data.
-        mem_spaces = memory_spaces(c)
-        rdata = {s: mem_data[key] for key, held in mem_spaces.items() for s in held}
+        # The vector memories (hw.core.memories): the IVRF and the VRF copies, with one
+        # read (the reader's while a program runs, else the host's) and the write bus (the
+        # writer's, else the host's) into them.
+        m.submodules.memories = mems = VectorMemories(c)
+        rd, wr = mems.rd, mems.wr
         # The MFU VRFs (inside the pipeline) get every VRF write too, at the beat address.
         vw = data.View(vrf_write_layout(mcfg), mfu.vrf_w.payload)
         m.d.comb += [
-            mfu.vrf_w.valid.eq(wr_en & (wr_space >= 2) & (wr_space < 2 + vrfs)),
-            vw.mfu.eq((wr_space - 2) >> 1),
-            vw.bank.eq(wr_space[0]),
-            vw.addr.eq(wr_addr if beats == 1 else Cat(wr_beat, wr_addr)),
-            vw.values.eq(wr_data),
+            mfu.vrf_w.valid.eq(wr.en & (wr.space >= 2) & (wr.space < 2 + vrfs)),
+            vw.mfu.eq((wr.space - 2) >> 1),
+            vw.bank.eq(wr.space[0]),
+            vw.addr.eq(wr.addr if beats == 1 else Cat(wr.beat, wr.addr)),
+            vw.values.eq(wr.data),
         ]
-        rd_space_q = Signal(4)        # space of the read issued last cycle
-        rd_data = Signal(vec)
-        with m.Switch(rd_space_q):
-            for s, d in rdata.items():
-                with m.Case(s):
-                    m.d.comb += rd_data.eq(d)
 
         def space_exists(space):
             return vector_space_exists(c, space)
@@ -366,7 +287,7 @@ class NpuCore(wiring.Component):
         wiring.connect(m, mvm.mrf_r_resp, host.mvm_mrf_r_resp)
         prog = host.prog
         prog_len = host.prog_len
-        m.d.comb += [host.open.eq(~running), host.rd_data.eq(rd_data),
+        m.d.comb += [host.open.eq(~running), host.rd_data.eq(mems.rd_data),
                      prog_wp.en.eq(prog.en), prog_wp.addr.eq(prog.addr),
                      prog_wp.data.eq(prog.data)]
         with m.If(host.access_set != ErrorCode.NONE):
@@ -688,24 +609,15 @@ class NpuCore(wiring.Component):
         wiring.connect(m, issuer.reader, reader.instances)
         m.d.comb += [reader.inq.valid.eq(inq.r_rdy), reader.inq.payload.eq(inq.r_data),
                      inq.r_en.eq(reader.inq.ready)]
-        for key in mem_spaces:
-            m.d.comb += getattr(reader, f"{key}_data").eq(mem_data[key])
+        for key in memory_spaces(c):
+            m.d.comb += getattr(reader, f"{key}_data").eq(getattr(mems, f"{key}_data"))
         with m.If(reader.rd.en):
-            m.d.comb += [rd_addr.eq(reader.rd.addr), rd_space_now.eq(reader.rd.space),
-                         rd_en.eq(1)]
-            m.d.sync += rd_space_q.eq(reader.rd.space)
+            m.d.comb += rd.eq(reader.rd)
         wiring.connect(m, reader.x_stream, mvm.x_stream)
 
         # Host memory access shares the ports while no program runs.
         with m.If(~running):
-            m.d.comb += [rd_addr.eq(host.rd.addr), rd_space_now.eq(host.rd.space),
-                         rd_en.eq(host.rd.en),
-                         wr_addr.eq(host.wr.addr), wr_data.eq(host.wr.data),
-                         wr_space.eq(host.wr.space), wr_en.eq(host.wr.en)]
-            if beats > 1:
-                m.d.comb += wr_beat.eq(host.wr.beat)
-            with m.If(host.rd.en):
-                m.d.sync += rd_space_q.eq(host.rd.space)
+            m.d.comb += [rd.eq(host.rd), wr.eq(host.wr)]
 
         # =============================================================================
         # Feeder (hw.core.feeder): each instance's chain configuration, then its L
@@ -728,10 +640,7 @@ class NpuCore(wiring.Component):
         m.d.comb += [outq.w_en.eq(writer.outq_push), outq.w_data.eq(writer.outq_data)]
         wiring.connect(m, mfu.o_stream, writer.results)
         with m.If(writer.wr.en):
-            m.d.comb += [wr_en.eq(1), wr_space.eq(writer.wr.space),
-                         wr_addr.eq(writer.wr.addr), wr_data.eq(writer.wr.data)]
-            if beats > 1:
-                m.d.comb += wr_beat.eq(writer.wr.beat)
+            m.d.comb += wr.eq(writer.wr)
 
     @staticmethod
     def _allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail, unbuilt,
