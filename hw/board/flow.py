@@ -13,7 +13,9 @@ nextpnr and ecppack quietly: the board build was half an hour without a line of 
    ``ECPPACK``; the tool's own name if unset).
 
 Each stage prints a line when it starts and one with its time when it ends; a long tool
-prints a line every ``heartbeat`` seconds with the last line of its log. At the end the
+prints a line every ``heartbeat`` seconds with its log's progress (:func:`log_progress`:
+nextpnr's router as the arcs left to route, anything else as the log's last line). At
+the end the
 summary of nextpnr's report (``report.json``, which :func:`hw.board.board.build_overrides`
 asks nextpnr for): LUT4 sites, flip-flops, DSPs and block RAMs used of the device, and
 each clock's Fmax. ``build.json`` in the build folder records the stage times and what
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -74,6 +77,32 @@ def _last_line(path: Path) -> str:
     return lines[-1].strip()[:160] if lines else ""
 
 
+#: nextpnr's router: the arcs it routes, and a row of its progress table (iterations,
+#: the arcs re-routed with and without rip-up, their deltas, the arcs left, the time).
+_ROUTING = re.compile(r"Info: Routing (\d+) arcs\.")
+_ROUTER_ROW = re.compile(r"^Info:\s+(\d+)\s*\|[^|]*\|[^|]*\|\s*(\d+)\s*\|[^|]*\|$")
+
+
+def log_progress(path: Path) -> str:
+    """What a tool's log says of its progress: for nextpnr's router, ``router: R of T
+    arcs left (P %) after I iterations``, else the log's last line (up to 160
+    characters; "" for a missing or empty log)."""
+    last = _last_line(path)
+    row = _ROUTER_ROW.match(last)
+    if row is None:
+        return last
+    try:
+        total = _ROUTING.findall(Path(path).read_text(errors="replace"))
+    except OSError:
+        return last
+    iterations, left = int(row[1]), int(row[2])
+    if not total:
+        return f"router: {left:,} arcs left after {iterations:,} iterations"
+    arcs = int(total[-1])
+    return (f"router: {left:,} of {arcs:,} arcs left ({100 * left / max(arcs, 1):.0f} %) "
+            f"after {iterations:,} iterations")
+
+
 def _tool_log(argv, build_dir):
     """The log file a tool's command line names (``-l`` for Yosys, ``--log`` for
     nextpnr), or None."""
@@ -117,7 +146,7 @@ def _run_tool(stage, argv, build_dir, out, heartbeat, started):
                     now = time.monotonic()
                     if now >= next_beat:
                         out(f"      {stage}: {duration(now - t0)} so far (total "
-                            f"{duration(now - started)}); {log.name}: {_last_line(log)}")
+                            f"{duration(now - started)}); {log.name}: {log_progress(log)}")
                         next_beat = now + heartbeat
         except BaseException:
             # Interrupted (Ctrl-C) or failing here: the tool must not run on for an hour.

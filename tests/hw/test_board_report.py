@@ -250,6 +250,36 @@ def test_stages_print_progress_and_summary(tmp_path, stub_tools):
     assert json.loads((tmp_path / "build" / "build.json").read_text()) == result
 
 
+ROUTER_LOG = """Info: Routing globals...
+Info: Routing..
+Info: Routing 249674 arcs.
+Info:            |   (re-)routed arcs  |   delta    | remaining|       time spent     |
+Info:    IterCnt |  w/ripup   wo/ripup |  w/r  wo/r |      arcs| batch(sec) total(sec)|
+Info:       1000 |        0        999 |    0   999 |    248677|       0.62       0.62|
+Info:     232000 |    59730     171269 |  236   764 |    168500|       7.41    1700.12|
+"""
+
+
+@pytest.mark.parametrize("text, line", [
+    (ROUTER_LOG, "router: 168,500 of 249,674 arcs left (67 %) after 232,000 iterations"),
+    # The table's rows without the count before them: the arcs left alone.
+    (ROUTER_LOG.replace("Info: Routing 249674 arcs.\n", ""),
+     "router: 168,500 arcs left after 232,000 iterations"),
+    # Anything else: the last line as it is.
+    (ROUTER_LOG + "Info: Router1 time 1702.40s\n", "Info: Router1 time 1702.40s"),
+    ("Info:   at iteration #5: temp = 0.000000, wirelen = 605506\n\n",
+     "Info:   at iteration #5: temp = 0.000000, wirelen = 605506"),
+    ("", ""),
+])
+def test_log_progress(tmp_path, text, line):
+    """The heartbeat's word on nextpnr's router: the arcs left of those it routes."""
+    from hw.board.flow import log_progress
+    log = tmp_path / "npu.tim"
+    log.write_text(text)
+    assert log_progress(log) == line
+    assert log_progress(tmp_path / "missing.tim") == ""
+
+
 def test_netlist_pass_runs_between_synthesis_and_place_and_route(tmp_path, stub_tools):
     """``netlist_pass`` gets synthesis's netlist before nextpnr starts (its log not yet
     written), and the synthesis stage's last line reports what it returned."""
