@@ -22,6 +22,7 @@ from host.spec.mfu import MfuUnit
 from host.spec.ops import BinaryOp
 from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
+from hw.core.vectors import checked_config
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
            "verdict_error", "iteration_bits", "built_vrfs", "vrf_space"]
@@ -178,9 +179,7 @@ class WordCheck(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            self._MustUse__silence = True       # refused: not a design left unused
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        config = checked_config(self, config)
         self._limits = register_limits(config)
         self._unary_ops = tuple(config.unary_ops)
         super().__init__({"word": In(WORD_BITS), "predecode": Out(PREDECODE_LAYOUT)})

@@ -10,7 +10,7 @@ from host.spec.formats import MAX_EXPONENT_CODE, block_layout
 from host.spec.isa import ErrorCode, Space, vector_spaces
 from hw.core.decode import PREDECODE_LAYOUT, WordCheck
 from hw.core.reader import read_request_layout
-from hw.core.vectors import beat_select, vector_layout
+from hw.core.vectors import beat_select, checked_config, vector_layout
 from hw.core.writer import write_bus_layout
 from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
 
@@ -110,9 +110,7 @@ class HostAccess(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            self._MustUse__silence = True    # a refused component is no unused elaboratable
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        config = checked_config(self, config)
         self._config = c = config
         mvm = c.mvm
         word = block_layout(c.n, c.mantissa_bits_w)

@@ -24,7 +24,7 @@ from hw.core.decode import built_vrfs, iteration_bits, vrf_space
 from hw.core.feeder import feeder_layout
 from hw.core.reader import reader_layout
 from hw.core.scoreboard import IN_FLIGHT, Scoreboard
-from hw.core.vectors import count_bits, pitch_bits
+from hw.core.vectors import checked_config, count_bits, pitch_bits
 from hw.core.writer import writer_layout
 from hw.mvm.mvm import command_layout
 from hw.mvm.tile_engine import TileEngine
@@ -97,9 +97,7 @@ class Issuer(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            self._MustUse__silence = True
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        config = checked_config(self, config)
         self._config = config
         super().__init__({
             "chains": In(stream.Signature(checked_chain_layout(config))),

@@ -21,11 +21,11 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from host.spec.config import NpuConfig
 from host.spec.isa import Space
 from hw.core.decode import built_vrfs, vrf_space
+from hw.core.plan import any_of
 from hw.core.reader import memory_spaces, read_request_layout
-from hw.core.vectors import beat_layout, vector_layout
+from hw.core.vectors import beat_layout, checked_config, vector_layout
 from hw.core.writer import write_bus_layout
 
 __all__ = ["VectorMemories"]
@@ -75,9 +75,7 @@ class VectorMemories(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            self._MustUse__silence = True
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        config = checked_config(self, config)
         self._config = config
         members = {"rd": In(read_request_layout(config)), "wr": In(write_bus_layout(config))}
         for key in memory_spaces(config):
@@ -109,9 +107,7 @@ class VectorMemories(wiring.Component):
         mems = {"ivrf": (_vector_banks(m, "ivrf", c, c.ivrf_depth), rd.addr, wr.addr,
                          wr.space == Space.IVRF.value)}
         if vrf_built:
-            on_vrf = 0
-            for k in vrf_built:
-                on_vrf = on_vrf | (wr.space == vrf_space(k))
+            on_vrf = any_of([wr.space == vrf_space(k) for k in vrf_built])
             mems["vrf"] = (_vector_banks(m, "vrf_copies", c, len(vrf_built) << v_bits),
                            copy_addr(rd.space, rd.addr, "copy_rd_addr"),
                            copy_addr(wr.space, wr.addr, "copy_wr_addr"), on_vrf)

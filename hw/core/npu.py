@@ -22,7 +22,6 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from host.spec.config import NpuConfig
 from host.spec.formats import block_layout
 from host.spec.isa import (
     MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits,
@@ -35,7 +34,7 @@ from hw.mvm.mvm import Mvm, mrf_address_layout, mrf_word_layout, weight_row_layo
 from hw.core.decode import (
     PREDECODE_LAYOUT, InstructionDecoder, built_vrfs, verdict_error, vrf_space,
 )
-from hw.core.vectors import vector_layout
+from hw.core.vectors import checked_config, vector_layout
 from hw.core.feeder import Feeder
 from hw.core.host_access import (
     HOST_ADDR_BITS, PROGRAM_ADDR_BITS, HostAccess, program_write_layout, vector_read_layout,
@@ -122,9 +121,7 @@ class NpuCore(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            self._MustUse__silence = True    # a refused core is no unused elaboratable
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        config = checked_config(self, config)
         self._config = c = config
         mvm = c.mvm
         cb = c.counter_bits

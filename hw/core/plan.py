@@ -38,7 +38,7 @@ from host.spec.formats import MAX_EXPONENT_CODE
 from host.spec.isa import FIELDS, MAX_WRITES, ErrorCode, Reg, Space, register_limits
 from hw.core.decode import built_vrfs, iteration_bits
 from hw.core.host_access import PROGRAM_ADDR_BITS, vector_space_depth, vector_space_exists
-from hw.core.vectors import count_bits
+from hw.core.vectors import checked_config, count_bits
 
 __all__ = ["PlanCheck", "any_of", "parsed_chain_layout", "plan_registers_layout"]
 
@@ -49,7 +49,7 @@ PLAN_REGISTERS = {
     "q_exponent": Reg.Q_EXPONENT,
 }
 
-#: Bits of a product ``last_iter * inc`` beside a 16-bit increment, and of pushes.
+#: Bits of ``pushes``: up to MAX_WRITES times ``length * ITERATIONS``.
 _PUSH_BITS = 40
 
 
@@ -142,9 +142,7 @@ class PlanCheck(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            self._MustUse__silence = True
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
+        config = checked_config(self, config)
         self._config = c = config
         regs = plan_registers_layout(c)
         reg_bits = {name: Shape.cast(regs[name].shape).width for name in PLAN_REGISTERS}

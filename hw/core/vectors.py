@@ -14,9 +14,24 @@ from host.spec.formats import FP16_BITS
 from host.spec.isa import Reg, register_limits
 
 __all__ = [
-    "beat_layout", "beat_select", "count_bits", "last_beat", "last_beat_index", "pitch_bits",
+    "beat_layout", "beat_select", "checked_config", "count_bits", "last_beat", "last_beat_index", "pitch_bits",
     "vector_layout",
 ]
+
+
+def checked_config(component, config) -> NpuConfig:
+    """``config`` for the constructor of the core's part ``component``.
+
+    Raises
+    ------
+    TypeError
+        ``config`` is not an :class:`host.spec.config.NpuConfig`; ``component``, refused,
+        is then not reported as an unused elaboratable.
+    """
+    if not isinstance(config, NpuConfig):
+        component._MustUse__silence = True
+        raise TypeError(f"config must be an NpuConfig, not {config!r}")
+    return config
 
 
 def vector_layout(config: NpuConfig) -> data.ArrayLayout:
