@@ -163,13 +163,14 @@ def _candidates(ready, height, costs, width: int) -> list[int]:
 
 
 def schedule(program, config=None, *, first: int = 0, beam: int = BEAM,
-             width: int = WIDTH, graph: DepGraph | None = None) -> list[int]:
+             width: int = WIDTH, graph: DepGraph | None = None, timing=None) -> list[int]:
     """A chain order of ``program`` (a Program, words or Instruction list with its
     ``end``; ``config`` as :func:`host.compiler.deps.dependency_graph`) that keeps every
     edge of its dependency graph and keeps the MVM busy (see the module docstring).
     Chains ``0 .. first-1`` keep their places; ``beam`` partial orders are kept at each
     position (1: greedy), each trying the ``width`` ready chains of greatest height and
-    the highest ready product. ``graph`` may be given when already computed.
+    the highest ready product. ``graph`` may be given when already computed; ``timing``
+    is the model's :class:`host.model.core.Timing` (default: the gateware's).
 
     Returns the order (chain numbers), checked with :func:`host.compiler.deps.check_order`.
 
@@ -187,12 +188,14 @@ def schedule(program, config=None, *, first: int = 0, beam: int = BEAM,
         raise ValueError(f"first must be from 0 to the {count} chains, not {first}")
     if beam < 1 or width < 1:
         raise ValueError(f"beam and width must be at least 1, not {beam} and {width}")
-    timing = Timing()
+    timing = Timing() if timing is None else timing
+    if not isinstance(timing, Timing):
+        raise TypeError(f"timing must be a host.model.core.Timing, not {timing!r}")
     front, _ = mvm_latency(cfg)
     costs = _costs(graph, _Clock, timing)
     beats = cfg.n // cfg.lanes
-    keep = max(16, cfg.direct_depth * beats + 4, timing.in_flight + 4,
-               timing.decode_queue + 4)
+    keep = max(16, cfg.direct_depth * beats + 2 * timing.direct_slice + 4,
+               timing.in_flight + 4, timing.decode_queue + 4)
     if beats > 1:                 # the clock's departures from the MVM's output FIFO
         keep = max(keep, output_fifo_depth(cfg))
     preds = [set() for _ in range(count)]

@@ -124,6 +124,15 @@ class Timing:
     #: 10 of the 12 bench programs, one cycle more on two; with 1, on 3 (docs/npu.md
     #: section 4)
     beat_adapter: int = 0
+    #: A chain without a product: its first beat reaches the MFU input this many cycles
+    #: after ``read_latency`` (through the reader's direct buffer), fitted as the other
+    #: front-end constants were (docs/npu.md section 4)
+    direct_latency: int = 4
+    #: The register slice after the reader's direct buffer (``hw.core.reader``, issue 36,
+    #: timing): a chain without a product reaches the MFU this many cycles later again,
+    #: and the slice holds twice as many beats beyond the buffer's depth (its output and
+    #: skid registers). 1, the gateware's
+    direct_slice: int = 1
 
 
 class _Clock:
@@ -230,12 +239,13 @@ class _Clock:
                 arrive = self._beats_out(seq, groups, length, accept)
             self.seq_ends.append(self.seq_free)
         else:
-            # Direct vectors wait in the reader's direct buffer for the MFU. The reader
-            # writes a vector only while fewer than depth - 1 wait there (earlier
-            # chains' included), so it is held until the vector depth - 1 places back
-            # has gone on to the MFU pipeline.
-            arrive = [max(read + k, accept + 1 + k) for k in range(length * beats)]
-            depth = self.cfg.direct_depth * beats
+            # Direct vectors wait in the reader's direct buffer and its register slice
+            # for the MFU. The reader writes a vector only while fewer than depth - 1
+            # wait in the buffer (earlier chains' included), so it is held until the
+            # vector depth - 1 places back has gone on into the slice.
+            first = read + t.direct_latency + t.direct_slice
+            arrive = [max(first + k, accept + 1 + k) for k in range(length * beats)]
+            depth = self.cfg.direct_depth * beats + 2 * t.direct_slice
             held = self.direct[1 - depth:] + arrive
             room = held[-depth] if len(held) >= depth else 0
             self.rd_free = max(read + c_in * beats, room) + 1

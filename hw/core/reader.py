@@ -17,6 +17,7 @@ from hw.core.vectors import (
     pitch_bits,
     vector_layout,
 )
+from hw.slice import RegisterSlice
 
 __all__ = ["Reader", "memory_spaces", "read_request_layout", "reader_layout"]
 
@@ -77,8 +78,10 @@ class Reader(wiring.Component):
     :func:`memory_spaces`) arrives the next cycle. A product's go N wide into the MVM's
     buffer (4 vectors, out on ``x_stream``); the others beat by beat (each vector read
     ``beats`` times) into the direct buffer (``config.direct_depth * beats`` beats, out on
-    ``direct``), so that they wait for the MFU pipeline without holding back the next
-    product's input. Lanes past COLS in each pixel's last vector of a product enter the
+    ``direct`` through a :class:`hw.slice.RegisterSlice`, so that the buffer's block RAM
+    drives only flip-flops: a beat reaches ``direct`` a cycle later than the buffer's
+    output, and the slice holds two more), so that they wait for the MFU pipeline without
+    holding back the next product's input. Lanes past COLS in each pixel's last vector of a product enter the
     MVM as zero. The reader reads only while its buffer has room for the vector in
     flight.
 
@@ -194,7 +197,12 @@ class Reader(wiring.Component):
                      db.w_data.eq(beat_select(c, p_vec.as_value(), p_beat)),
                      db.w_en.eq(p_valid & ~p_to_mvm)]
         m.d.comb += [self.x_stream.valid.eq(mb.r_rdy), self.x_stream.payload.eq(mb.r_data),
-                     mb.r_en.eq(self.x_stream.ready),
-                     self.direct.valid.eq(db.r_rdy), self.direct.payload.eq(db.r_data),
-                     db.r_en.eq(self.direct.ready)]
+                     mb.r_en.eq(self.x_stream.ready)]
+        # The direct buffer's block RAM has no output register; without the slice its data
+        # crossed the die through the feeder into the MFU pipeline in one cycle, the core's
+        # critical path (docs/notes/2026-11-28-core-timing-closure.md, section 10).
+        m.submodules.direct_slice = ds = RegisterSlice(beat_layout(c))
+        m.d.comb += [ds.i_stream.valid.eq(db.r_rdy), ds.i_stream.payload.eq(db.r_data),
+                     db.r_en.eq(ds.i_stream.ready)]
+        wiring.connect(m, ds.o_stream, wiring.flipped(self.direct))
         return m

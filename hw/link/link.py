@@ -41,7 +41,7 @@ from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore, vector_space
 from hw.link.checks import RequestChecks
 from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc
 from hw.link.scanner import BUFFER_BYTES, FrameScanner
-from hw.link.slice import RegisterSlice
+from hw.slice import RegisterSlice
 from hw.link.template import ReplyTemplate, TemplateRom
 
 __all__ = ["NpuLink", "ReplyFramer", "reply_command_layout", "RUN_ENTRIES", "BUFFER_BYTES",

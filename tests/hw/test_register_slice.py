@@ -1,4 +1,4 @@
-"""The register slice (``hw.link.slice.RegisterSlice``) in Amaranth's simulator.
+"""The register slice (``hw.slice.RegisterSlice``) in Amaranth's simulator.
 
 The link's benches (``tests/hw/test_link_hw.py``, Verilator and Icarus) run it in place on
 the MRF word port, where the core rarely stalls a word; this file drives it alone through
@@ -12,7 +12,7 @@ import pytest
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from hw.link.slice import RegisterSlice
+from hw.slice import RegisterSlice
 
 LAYOUT = data.StructLayout({"a": 5, "b": 7})
 MASK = (1 << LAYOUT.size) - 1

@@ -22,7 +22,7 @@ import dataclasses
 import pytest
 
 from host.compiler.asm import assemble
-from host.model.core import NpuModel
+from host.model.core import NpuModel, Timing
 from host.spec.config import NpuConfig
 from sim.randprog import random_program
 
@@ -31,16 +31,20 @@ SMALL = {"n": 8, "tiles": 1, "mrf_depth": 64, "max_col_tiles": 8, "ivrf_depth": 
 
 #: ``cycles_predicted`` of ``random_program(cfg, 3600 + seed, chains=30)``, seeds 0..5, on
 #: three builds at ``lanes == n``, computed with the model of commit 5e314df (before the
-#: beat-level timing): the native-vector prediction that ``lanes == n`` must keep.
+#: beat-level timing, and before the direct path's latency and the register slice after
+#: the direct buffer, hence ``BEFORE_SLICE``): the native-vector prediction that ``lanes ==
+#: n`` must keep.
 STORED = {
     "n8": ({}, [1615, 1978, 1954, 2214, 2020, 2985]),
     "n4t2": ({"n": 4, "tiles": 2}, [1256, 2103, 2239, 1816, 1468, 1926]),
     "n16t3": ({"n": 16, "tiles": 3, "max_length": 8}, [2224, 3496, 2239, 2218, 2415, 1996]),
 }
 
+BEFORE_SLICE = Timing(direct_latency=0, direct_slice=0)
 
-def _cycles(cfg, text):
-    model = NpuModel(cfg)
+
+def _cycles(cfg, text, timing=None):
+    model = NpuModel(cfg, timing)
     model.load_program(assemble(text))
     result = model.run()
     assert result.ok, result
@@ -55,8 +59,8 @@ def test_lanes_n_predicts_the_stored_native_cycles(name):
     got = []
     for seed in range(len(expected)):
         prog = random_program(cfg, 3600 + seed, chains=30)
-        result, _ = prog.run(NpuModel(cfg))
-        again, _ = prog.run(NpuModel(explicit))
+        result, _ = prog.run(NpuModel(cfg, BEFORE_SLICE))
+        again, _ = prog.run(NpuModel(explicit, BEFORE_SLICE))
         assert result.ok and again.cycles_predicted == result.cycles_predicted
         got.append(result.cycles_predicted)
     assert got == expected
@@ -153,3 +157,49 @@ def test_output_fifo_credits_hold_the_sequencer(lanes):
     held = seq + groups + back - 1 + beats * (rows - depth) + 1
     assert rows > depth and held > seq + rows * groups      # the credits bind
     assert clock.seq_free == held
+
+
+@pytest.mark.parametrize("lanes", [8, 4, 2])
+def test_direct_slice_delays_a_read_limited_chain_by_one_cycle(lanes):
+    """The register slice after the reader's direct buffer: a chain without a product
+    whose MFU pipeline is waiting (taken at issue, ``mfu_setup`` 0) gets its first beat
+    from the reader ``read_latency + direct_latency + direct_slice`` after issue, and with
+    no ops the
+    first output is that beat: one cycle later with the slice than without it, and the
+    chain's other beats follow one per cycle, so it retires one cycle later."""
+    from host.model.core import _Clock
+
+    cfg = NpuConfig(**{**SMALL, "lanes": lanes})
+    beats = cfg.n // lanes
+    retired = []
+    for s in (0, 1):
+        clock = _Clock(cfg, Timing(mfu_setup=0, direct_slice=s))
+        clock.instance(2, 2, None, [], [], [], 1)
+        retired.append(clock.retired[-1])
+    t = Timing()                         # issued at fetch_latency: no chain decoded
+    assert retired[0] == (t.fetch_latency + t.read_latency + t.direct_latency + 2 * beats - 1
+                          + t.retire_latency)
+    assert retired[1] == retired[0] + 1
+
+
+def test_direct_slice_holds_two_more_beats():
+    """The slice's two registers hold beats beyond the direct buffer's ``direct_depth``.
+    With ``max_length`` 2 (a buffer of 4) and the MFU pipeline busy until cycle 1000,
+    two direct chains of 2 vectors queue 4 beats (the first taken at 1000, its beats at
+    1001 and 1002). Without the slice they fill the buffer, so the reader is free only
+    a cycle after the first beat has gone on (1002); with it there is room, and the
+    reader is free a cycle after its last read, as if nothing waited: the second chain
+    is read from cycle 8 (the first chain's two reads from 5), so at 8 + 2 + 1."""
+    from host.model.core import _Clock
+
+    cfg = NpuConfig(**{**SMALL, "max_length": 2})
+    assert cfg.direct_depth == 4
+    free = []
+    for s in (0, 1):
+        clock = _Clock(cfg, Timing(direct_slice=s))
+        clock.mfu_free = 1000
+        for _ in range(2):
+            clock.instance(2, 2, None, [], [], [], 1)
+        assert clock.direct[:2] == [1001, 1002]
+        free.append(clock.rd_free)
+    assert free == [1002, 11]
