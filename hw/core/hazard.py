@@ -31,6 +31,7 @@ from amaranth.lib.wiring import In, Out
 from host.spec.config import NpuConfig
 from host.spec.isa import FIELDS, MAX_WRITES, Space
 from hw.core.decode import built_vrfs, iteration_bits
+from hw.core.vectors import checked_config
 
 __all__ = ["HazardWalk", "pair_keys", "range_layout", "walk_pairs"]
 
@@ -116,9 +117,7 @@ class HazardWalk(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
-        self._config = config
+        self._config = config = checked_config(self, config)
         super().__init__({
             "ranges": In(data.ArrayLayout(range_layout(config), len(pair_keys(config)))),
             "length": In(config.mfu.length_bits),

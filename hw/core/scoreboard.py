@@ -25,6 +25,7 @@ from amaranth.lib.wiring import In, Out
 from host.spec.config import NpuConfig
 from host.spec.isa import MAX_WRITES
 from hw.core.decode import built_vrfs
+from hw.core.vectors import checked_config
 
 __all__ = ["IN_FLIGHT", "Scoreboard", "read_count", "span_layout"]
 
@@ -83,9 +84,7 @@ class Scoreboard(wiring.Component):
     """
 
     def __init__(self, config):
-        if not isinstance(config, NpuConfig):
-            raise TypeError(f"config must be an NpuConfig, not {config!r}")
-        self._config = config
+        self._config = config = checked_config(self, config)
         span = span_layout(config)
         super().__init__({
             "issued": In(data.ArrayLayout(span, MAX_WRITES)),
