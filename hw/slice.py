@@ -54,6 +54,7 @@ class RegisterSlice(wiring.Component):
         try:
             Shape.cast(shape)
         except TypeError:
+            self._MustUse__silence = True    # refused: not an unused elaboratable
             raise TypeError(f"shape must be shape-castable, not {shape!r}") from None
         self._shape = shape
         super().__init__({"i_stream": In(stream.Signature(shape)),
