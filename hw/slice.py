@@ -7,10 +7,8 @@ depends on the word's address) fed the executor's address counters in the same c
 as the executor's state fed the writer, a combinational round trip across the die
 (``docs/notes/2026-11-board-build.md``, the seventh build). A second one on its MRF
 read-back request port cuts the same kind of round trip through the core's read-back
-range check (the ninth build). The core's reader puts one after its direct buffer: the
-buffer's block RAM has no output register, and its data went through the feeder's
-multiplexer across the die into the MFU pipeline in the same cycle, the core's
-critical path (``docs/notes/2026-11-28-core-timing-closure.md``, section 10).
+range check (the ninth build). The core's reader puts one after its direct buffer, whose
+block RAM has no output register (``hw.core.reader``).
 """
 
 from __future__ import annotations

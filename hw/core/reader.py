@@ -77,13 +77,12 @@ class Reader(wiring.Component):
     from ``inq`` (NETQ) or through ``rd`` from a vector memory, whose data (``<memory>_data``,
     :func:`memory_spaces`) arrives the next cycle. A product's go N wide into the MVM's
     buffer (4 vectors, out on ``x_stream``); the others beat by beat (each vector read
-    ``beats`` times) into the direct buffer (``config.direct_depth * beats`` beats, out on
-    ``direct`` through a :class:`hw.slice.RegisterSlice`, so that the buffer's block RAM
-    drives only flip-flops: a beat reaches ``direct`` a cycle later than the buffer's
-    output, and the slice holds two more), so that they wait for the MFU pipeline without
-    holding back the next product's input. Lanes past COLS in each pixel's last vector of a product enter the
-    MVM as zero. The reader reads only while its buffer has room for the vector in
-    flight.
+    ``beats`` times) into the direct buffer (``config.direct_depth * beats`` beats), so
+    that they wait for the MFU pipeline without holding back the next product's input;
+    the buffer's output reaches ``direct`` through a :class:`hw.slice.RegisterSlice` (a
+    cycle later, two beats more held). Lanes past COLS in each pixel's last vector of a
+    product enter the MVM as zero. The reader reads only while its buffer has room for
+    the vector in flight.
 
     Parameters
     ----------

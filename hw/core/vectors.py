@@ -14,8 +14,8 @@ from host.spec.formats import FP16_BITS
 from host.spec.isa import Reg, register_limits
 
 __all__ = [
-    "beat_layout", "beat_select", "checked_config", "count_bits", "last_beat", "last_beat_index", "pitch_bits",
-    "vector_layout",
+    "beat_layout", "beat_select", "checked_config", "count_bits", "last_beat", "last_beat_index",
+    "pitch_bits", "vector_layout",
 ]
 
 

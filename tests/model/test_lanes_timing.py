@@ -43,8 +43,8 @@ STORED = {
 BEFORE_SLICE = Timing(direct_latency=0, direct_slice=0)
 
 
-def _cycles(cfg, text, timing=None):
-    model = NpuModel(cfg, timing)
+def _cycles(cfg, text):
+    model = NpuModel(cfg)
     model.load_program(assemble(text))
     result = model.run()
     assert result.ok, result
@@ -164,9 +164,8 @@ def test_direct_slice_delays_a_read_limited_chain_by_one_cycle(lanes):
     """The register slice after the reader's direct buffer: a chain without a product
     whose MFU pipeline is waiting (taken at issue, ``mfu_setup`` 0) gets its first beat
     from the reader ``read_latency + direct_latency + direct_slice`` after issue, and with
-    no ops the
-    first output is that beat: one cycle later with the slice than without it, and the
-    chain's other beats follow one per cycle, so it retires one cycle later."""
+    no ops the first output is that beat: one cycle later with the slice than without
+    it, and the chain's other beats follow one per cycle, so it retires one cycle later."""
     from host.model.core import _Clock
 
     cfg = NpuConfig(**{**SMALL, "lanes": lanes})
