@@ -133,6 +133,11 @@ class Timing:
     #: and the slice holds twice as many beats beyond the buffer's depth (its output and
     #: skid registers). 1, the gateware's
     direct_slice: int = 1
+    #: The register on the MVM's and the MFU pipeline's ``busy`` before the run's end
+    #: (``hw.core.npu``, issue 36, timing): a run whose last instance retires ends this
+    #: many cycles later again (the units' tails end with the last retirement); a run
+    #: whose end is its decode does not. 1, the gateware's
+    busy_register: int = 1
 
 
 class _Clock:
@@ -293,7 +298,7 @@ class _Clock:
         return arrive
 
     def total(self) -> int:
-        return max(self.done, self.decode) + self.t.end_latency
+        return max(self.done + self.t.busy_register, self.decode) + self.t.end_latency
 
 
 def _space(space) -> Space:

@@ -16,12 +16,13 @@ from host.model.core import Timing, _Clock
 from sim.randprog import RANDOM_BUILDS, random_program
 
 #: The model's timing of commit 5e314df: no latency of its own for the direct path, no
-#: register slice after the direct buffer.
-BEFORE_SLICE = Timing(direct_latency=0, direct_slice=0)
+#: register slice after the direct buffer, no register on the units' ``busy``.
+TIMING_5E314DF = Timing(direct_latency=0, direct_slice=0, busy_register=0)
 
 #: ``schedule(random_program(RANDOM_BUILDS[name], seed, chains=30), beam=2)`` computed
 #: with the scheduler and model of commit 5e314df (before the beat-level timing, and before
-#: the direct path's latency and register slice: ``BEFORE_SLICE``).
+#: the direct path's latency, its register slice and the registered ``busy``:
+#: ``TIMING_5E314DF``).
 STORED = {
     ("n8t2m3", 5): [0, 3, 4, 23, 2, 1, 5, 10, 7, 29, 24, 8, 6, 11, 12, 13, 16, 26, 18, 9,
                     14, 15, 17, 19, 20, 21, 22, 27, 28, 25],
@@ -37,7 +38,7 @@ STORED = {
 @pytest.mark.parametrize("name,seed", sorted(STORED))
 def test_lanes_n_schedules_as_before(name, seed):
     prog = random_program(RANDOM_BUILDS[name], seed, chains=30)
-    assert schedule(prog, beam=2, timing=BEFORE_SLICE) == STORED[name, seed]
+    assert schedule(prog, beam=2, timing=TIMING_5E314DF) == STORED[name, seed]
 
 
 @pytest.mark.parametrize("lanes", [4, 2])

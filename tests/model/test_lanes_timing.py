@@ -31,16 +31,16 @@ SMALL = {"n": 8, "tiles": 1, "mrf_depth": 64, "max_col_tiles": 8, "ivrf_depth": 
 
 #: ``cycles_predicted`` of ``random_program(cfg, 3600 + seed, chains=30)``, seeds 0..5, on
 #: three builds at ``lanes == n``, computed with the model of commit 5e314df (before the
-#: beat-level timing, and before the direct path's latency and the register slice after
-#: the direct buffer, hence ``BEFORE_SLICE``): the native-vector prediction that ``lanes ==
-#: n`` must keep.
+#: beat-level timing, the direct path's latency, the register slice after the direct
+#: buffer and the registered ``busy``, hence ``TIMING_5E314DF``): the native-vector
+#: prediction that ``lanes == n`` must keep.
 STORED = {
     "n8": ({}, [1615, 1978, 1954, 2214, 2020, 2985]),
     "n4t2": ({"n": 4, "tiles": 2}, [1256, 2103, 2239, 1816, 1468, 1926]),
     "n16t3": ({"n": 16, "tiles": 3, "max_length": 8}, [2224, 3496, 2239, 2218, 2415, 1996]),
 }
 
-BEFORE_SLICE = Timing(direct_latency=0, direct_slice=0)
+TIMING_5E314DF = Timing(direct_latency=0, direct_slice=0, busy_register=0)
 
 
 def _cycles(cfg, text):
@@ -59,8 +59,8 @@ def test_lanes_n_predicts_the_stored_native_cycles(name):
     got = []
     for seed in range(len(expected)):
         prog = random_program(cfg, 3600 + seed, chains=30)
-        result, _ = prog.run(NpuModel(cfg, BEFORE_SLICE))
-        again, _ = prog.run(NpuModel(explicit, BEFORE_SLICE))
+        result, _ = prog.run(NpuModel(cfg, TIMING_5E314DF))
+        again, _ = prog.run(NpuModel(explicit, TIMING_5E314DF))
         assert result.ok and again.cycles_predicted == result.cycles_predicted
         got.append(result.cycles_predicted)
     assert got == expected
@@ -202,3 +202,25 @@ def test_direct_slice_holds_two_more_beats():
         assert clock.direct[:2] == [1001, 1002]
         free.append(clock.rd_free)
     assert free == [1002, 11]
+
+
+def test_busy_register_delays_a_run_end_after_a_retirement_only():
+    """The core registers the MVM's and the MFU's ``busy`` before the run's end
+    (``Timing.busy_register``): a run whose last instance retires ends one cycle later
+    with it than without it; an empty run ends at its decode, ``fetch_latency`` and one
+    instruction plus ``end_latency``, with it or not."""
+    from host.model.core import _Clock
+
+    cfg = NpuConfig(**SMALL)
+    t = Timing()
+    ends, empty = [], []
+    for b in (0, 1):
+        clock = _Clock(cfg, Timing(busy_register=b))
+        clock.instance(2, 2, None, [], [], [], 1)
+        ends.append((clock.retired[-1], clock.total()))
+        idle = _Clock(cfg, Timing(busy_register=b))
+        idle.instructions(1)
+        empty.append(idle.total())
+    assert ends[0][0] == ends[1][0] and ends[0][1] == ends[0][0] + t.end_latency
+    assert ends[1][1] == ends[0][1] + 1
+    assert empty == [t.fetch_latency + t.decode_per_instruction + t.end_latency] * 2
