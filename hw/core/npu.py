@@ -595,16 +595,13 @@ class NpuCore(wiring.Component):
         m.submodules.issuer = issuer = Issuer(c)
         m.d.comb += [issuer.chains.valid.eq(desc_valid), issuer.chains.payload.eq(desc),
                      desc_take.eq(issuer.chains.valid & issuer.chains.ready)]
-        # The MVM's and the MFU pipeline's `busy` are registered before the drain reads
-        # them: each is an OR over its unit (the MVM's over its command check, sequencer,
-        # FIFOs and counters' tail), and it crossed the die into the front end's state in
-        # one cycle, the core's routed critical path (docs/npu.md section 6). Neither unit
-        # can turn busy again while the issuer is idle: every command, source vector and
-        # chain reaches it through an instance in flight, and the host's requests wait
-        # while a program runs. So the run ends when it did, or one cycle later when a
-        # unit's own tail is the last to finish. Without a reset: it follows the units
-        # a cycle behind, and Yosys 0.70's ABC9 failed an assertion on the core with
-        # the reset form (docs/notes/2026-11-28-core-timing-closure.md, section 12).
+        # The units' `busy` (each an OR over its unit) is registered before the drain
+        # reads it: it crossed the die into the front end's state, the core's critical
+        # path (docs/npu.md section 6). Safe because neither unit can turn busy again
+        # while the issuer is idle: everything reaches a unit through an instance in
+        # flight, and host requests wait while a program runs. No reset: the flop only
+        # follows the units, and Yosys 0.70's ABC9 failed an assertion on the form with
+        # one (docs/notes/2026-11-28-core-timing-closure.md, section 12).
         units_busy = Signal(reset_less=True)
         m.d.sync += units_busy.eq(mvm.busy | mfu.busy)
         m.d.comb += be_idle.eq(issuer.idle & ~units_busy)
