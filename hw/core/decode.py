@@ -25,7 +25,7 @@ from host.spec.ops import UnaryOp
 from hw.core.vectors import checked_config
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "verdict_error", "iteration_bits", "built_vrfs", "vrf_space"]
+           "FETCHED_TERMS_LAYOUT", "FetchedTerms", "verdict_error", "iteration_bits", "built_vrfs", "vrf_space"]
 
 
 def iteration_bits(config: NpuConfig) -> int:
@@ -228,3 +228,60 @@ def verdict_error(m, verdict):
         with m.Default():
             m.d.comb += error.eq(ErrorCode.ILLEGAL_OPCODE)
     return error
+
+
+#: The fetched word's terms that the front end's decisions test (:class:`FetchedTerms`):
+#: ``illegal`` (its verdict is not NONE); one flag per opcode the front end tells apart,
+#: each set only for a legal word; ``mfu_op`` for a legal ``vv``, ``v_unary`` or
+#: ``v_reduce``; ``unit_bit``, the one-hot of its stored MFU unit.
+FETCHED_TERMS_LAYOUT = data.StructLayout({
+    "illegal": 1, "end": 1, "s_wr": 1, "v_rd": 1, "mv_mul": 1, "mfu_op": 1, "v_wr": 1,
+    "end_chain": 1, "unit_bit": 4,
+})
+
+# The opcodes behind each opcode flag of FETCHED_TERMS_LAYOUT.
+_TERM_OPCODES = {"end": (Opcode.END,), "s_wr": (Opcode.S_WR,), "v_rd": (Opcode.V_RD,),
+                 "mv_mul": (Opcode.MV_MUL,),
+                 "mfu_op": (Opcode.VV, Opcode.V_UNARY, Opcode.V_REDUCE),
+                 "v_wr": (Opcode.V_WR,), "end_chain": (Opcode.END_CHAIN,)}
+
+
+class FetchedTerms(wiring.Component):
+    """The terms of the fetched word, computed a cycle early (issue 36, timing).
+
+    The front end registers the program memory's output (``iw``) before decoding it, and
+    ``iw`` takes the read port's data every cycle. These terms are computed from that
+    same data and registered beside ``iw``, so in every cycle they are the terms of the
+    word ``iw`` holds, and the opcode's and verdict's compares are no longer in front of
+    the front end's decisions. Their reset values are those of the all-zero word, ``iw``'s
+    reset value.
+
+    Attributes
+    ----------
+    stored : ``In(64 + PREDECODE_LAYOUT.size)``
+        The program memory's read data: the word, then its :data:`PREDECODE_LAYOUT`.
+    terms : ``Out(FETCHED_TERMS_LAYOUT)``
+        The terms of the word read the cycle before (registered, sync domain).
+    """
+
+    def __init__(self):
+        # The all-zero word: opcode 0 and the verdict and unit of code 0.
+        legal = Verdict(0) is Verdict.NONE
+        zero = {name: int(legal and any(o.value == 0 for o in codes))
+                for name, codes in _TERM_OPCODES.items()}
+        zero.update(illegal=int(not legal), unit_bit=1 << MfuUnit(0).value)
+        super().__init__({"stored": In(WORD_BITS + PREDECODE_LAYOUT.size),
+                          "terms": Out(FETCHED_TERMS_LAYOUT, init=zero)})
+
+    def elaborate(self, platform):
+        m = Module()
+        off, width = FIELDS["opcode"]
+        opcode = self.stored[off:off + width]
+        checked = data.View(PREDECODE_LAYOUT, self.stored[WORD_BITS:])
+        legal = checked.verdict == Verdict.NONE
+        out = self.terms
+        m.d.sync += [out.illegal.eq(~legal),
+                     out.unit_bit.eq(1 << checked.unit.as_value())]
+        for name, codes in _TERM_OPCODES.items():
+            m.d.sync += getattr(out, name).eq(legal & _one_of(opcode, [o.value for o in codes]))
+        return m

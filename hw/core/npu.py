@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 
 from host.spec.formats import block_layout
 from host.spec.isa import (
-    MAX_WRITES, REG_DEFAULTS, ErrorCode, Opcode, Reg, Space, register_limits,
+    MAX_WRITES, REG_DEFAULTS, ErrorCode, Reg, Space, register_limits,
 )
 from host.spec.mfu import UNITS, MfuUnit, mfu_layout, vrf_write_layout
 from host.spec.counters import MVM_COUNTERS
@@ -32,7 +32,7 @@ from host.spec.counters import MVM_COUNTERS
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, mrf_address_layout, mrf_word_layout, weight_row_layout
 from hw.core.decode import (
-    PREDECODE_LAYOUT, InstructionDecoder, built_vrfs, verdict_error, vrf_space,
+    PREDECODE_LAYOUT, FetchedTerms, InstructionDecoder, built_vrfs, verdict_error, vrf_space,
 )
 from hw.core.vectors import checked_config, vector_layout
 from hw.core.feeder import Feeder
@@ -328,6 +328,14 @@ class NpuCore(wiring.Component):
         advance = Signal()                # the instruction at pc is consumed
         iw = Signal(len(prog_rp.data))
         m.d.sync += iw.eq(prog_rp.data)
+        # The terms of iw's word that the decisions below test (its opcode's class, its
+        # verdict, its unit's one-hot), registered from the same read data as iw: the
+        # compares are then not in front of CHAIN's MFU allocation (issue 36, timing).
+        # Each flag of an opcode is set for a legal word only, so EXEC and CHAIN test
+        # them before `word` (illegal), in an order that changes no decision.
+        m.submodules.fetched = fetched = FetchedTerms()
+        m.d.comb += fetched.stored.eq(prog_rp.data)
+        word = fetched.terms
         m.d.comb += [prog_rp.en.eq(1), dec.word.eq(iw[:64]), prog_rp.addr.eq(pc)]
         # The word's checks as stored (hw.core.decode.PREDECODE_LAYOUT).
         checked = data.View(PREDECODE_LAYOUT, iw[64:])
@@ -409,7 +417,6 @@ class NpuCore(wiring.Component):
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
 
-        op = dec.opcode
         func = dec.func
         with m.FSM(name="fe"):
             with m.State("IDLE"):
@@ -440,13 +447,10 @@ class NpuCore(wiring.Component):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
-                with m.Elif(word_error != ErrorCode.NONE):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
-                    m.next = "DRAIN"
-                with m.Elif(op == Opcode.END):
+                with m.Elif(word.end):
                     m.d.sync += [pend_code.eq(ErrorCode.NONE), pend_index.eq(pc)]
                     m.next = "DRAIN"
-                with m.Elif(op == Opcode.S_WR):
+                with m.Elif(word.s_wr):
                     with m.If(checked.s_wr_out_of_range):
                         m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.REGISTER_VALUE),
                                      fail_at.eq(pc)]
@@ -457,7 +461,7 @@ class NpuCore(wiring.Component):
                             for reg in Reg:
                                 with m.Case(reg.value):
                                     m.d.sync += regs[reg].eq(dec.operand)
-                with m.Elif(op == Opcode.V_RD):
+                with m.Elif(word.v_rd):
                     m.d.comb += advance.eq(1)
                     m.d.sync += [
                         at.eq(pc), rd_space.eq(dec.space), rd_op.eq(dec.operand),
@@ -467,6 +471,9 @@ class NpuCore(wiring.Component):
                     ]
                     m.d.sync += [u.eq(0) for u in used] + [s.eq(0) for s in slots]
                     m.next = "CHAIN"
+                with m.Elif(word.illegal):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
+                    m.next = "DRAIN"
                 with m.Else():
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.CHAIN_STRUCTURE),
                                  fail_at.eq(pc)]
@@ -478,26 +485,22 @@ class NpuCore(wiring.Component):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.PROGRAM_RANGE),
                                  fail_at.eq(pc)]
                     m.next = "DRAIN"
-                with m.Elif(word_error != ErrorCode.NONE):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
-                    m.next = "DRAIN"
-                with m.Elif(op == Opcode.MV_MUL):
-                    with m.If(has_mv | (n_ops != 0) | (n_wr != 0)):
-                        m.d.comb += structure.eq(1)
-                    with m.Else():
-                        m.d.comb += advance.eq(1)
-                        m.d.sync += [has_mv.eq(1), mv_op.eq(dec.operand), mv_inc.eq(dec.inc)]
-                with m.Elif((op == Opcode.VV) | (op == Opcode.V_UNARY)
-                            | (op == Opcode.V_REDUCE)):
+                with m.Elif(word.mfu_op):
                     with m.If(n_wr != 0):
                         m.d.comb += structure.eq(1)
                     with m.Else():
                         m.d.comb += advance.eq(1)
                         m.d.sync += n_ops.eq(n_ops + 1)
-                        self._allocate(m, c, dec, checked, pc, cur_m, used, slots,
-                                       alloc_fail, unbuilt, unbuilt_at, mcfg_regs, vv_used,
-                                       vv_op, vv_inc)
-                with m.Elif(op == Opcode.V_WR):
+                        self._allocate(m, c, dec, checked, word.unit_bit, pc, cur_m, used,
+                                       slots, alloc_fail, unbuilt, unbuilt_at, mcfg_regs,
+                                       vv_used, vv_op, vv_inc)
+                with m.Elif(word.mv_mul):
+                    with m.If(has_mv | (n_ops != 0) | (n_wr != 0)):
+                        m.d.comb += structure.eq(1)
+                    with m.Else():
+                        m.d.comb += advance.eq(1)
+                        m.d.sync += [has_mv.eq(1), mv_op.eq(dec.operand), mv_inc.eq(dec.inc)]
+                with m.Elif(word.v_wr):
                     with m.If(n_wr == MAX_WRITES):
                         m.d.comb += structure.eq(1)
                     with m.Else():
@@ -507,13 +510,16 @@ class NpuCore(wiring.Component):
                             with m.If(n_wr == k):
                                 m.d.sync += [w_space[k].eq(dec.space), w_op[k].eq(dec.operand),
                                              w_inc[k].eq(dec.inc), w_at[k].eq(pc)]
-                with m.Elif(op == Opcode.END_CHAIN):
+                with m.Elif(word.end_chain):
                     with m.If(n_wr == 0):
                         m.d.comb += structure.eq(1)
                     with m.Else():
                         m.d.comb += advance.eq(1)
                         m.d.comb += walk.to_check.eq(1)
                         m.next = "CHECK"
+                with m.Elif(word.illegal):
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
+                    m.next = "DRAIN"
                 with m.Else():
                     m.d.comb += structure.eq(1)
                 with m.If(structure):
@@ -649,7 +655,7 @@ class NpuCore(wiring.Component):
             m.d.comb += wr.eq(writer.wr)
 
     @staticmethod
-    def _allocate(m, c, dec, checked, pc, cur_m, used, slots, alloc_fail, unbuilt,
+    def _allocate(m, c, dec, checked, unit_bit, pc, cur_m, used, slots, alloc_fail, unbuilt,
                   unbuilt_at, mcfg_regs, vv_used, vv_op, vv_inc):
         """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle. The op
         stays in the current MFU ``k`` if ``k`` builds its unit and has not used it yet;
@@ -657,12 +663,11 @@ class NpuCore(wiring.Component):
         and the unit, from the unit sets), and where there is none the chain fails."""
         func = dec.func
         # The op's unit and whether its function is built: decoded when the word was
-        # written (hw.core.decode.WordCheck).
+        # written (hw.core.decode.WordCheck); unit_bit, its one-hot, is registered with
+        # the word (FetchedTerms).
         unit = checked.unit
         with m.If(checked.unary_unbuilt & ~unbuilt):
             m.d.sync += [unbuilt.eq(1), unbuilt_at.eq(pc)]
-        unit_bit = Signal(4)
-        m.d.comb += unit_bit.eq(1 << unit.as_value())
 
         def is_one_of(units):
             """The op's unit is one of ``units`` (None when that is all four: always)."""
