@@ -25,7 +25,8 @@ the next ``v_rd``.
 
 So in ``CHECK``, in the hazard walk and in the hand-off every output holds its function
 of the chain's final values, as combinational checks would, and no cycle count changes.
-The queue checks compare with the queues' levels of the cycle itself.
+The queue checks compare with the queues' levels of the cycle itself, on the counts'
+low bits (whether a high bit is set is registered with each count).
 """
 
 from amaranth.hdl import Const, Module, Mux, Shape, Signal, signed, unsigned
@@ -263,11 +264,21 @@ class PlanCheck(wiring.Component):
         e_mrf = Signal()
         m.d.sync += e_mrf.eq(has_mv & (mrf_prod + mrf_base > c.mrf_depth))
         # iters * C (the vectors the chain takes from the input queue), length * iters.
+        # The queue checks compare with the levels of CHECK's cycle itself; a level is
+        # below 2^level_bits, so a count above it fails on its high bits alone, and
+        # those are registered beside the count (from the same product or sum): only a
+        # level_bits compare is left in front of CHECK's decision (issue 36, timing).
+        level_bits = len(self.inq_free)
         in_need = self.in_need
-        m.d.sync += in_need.eq(r.iters * self.c_in)
+        in_need_next = Signal(len(in_need))
+        in_need_big = Signal()
+        m.d.comb += in_need_next.eq(r.iters * self.c_in)
+        m.d.sync += [in_need.eq(in_need_next),
+                     in_need_big.eq(in_need_next[level_bits:] != 0)]
         len_iters = Signal(len(length) + len(r.iters))
         m.d.sync += len_iters.eq(length * r.iters)
-        e_under = (ch.rd_space == Space.NETQ) & (in_need > self.inq_free)
+        e_under = (ch.rd_space == Space.NETQ) & (
+            in_need_big | (in_need[:level_bits] > self.inq_free))
         # The writes to the output queue (at most MAX_WRITES) times length * iters, as
         # shifts and adds: a multiplier put a MULT18X18D, across the die, between the
         # last v_wr's fields and this register (the core alone's critical path at
@@ -276,9 +287,12 @@ class PlanCheck(wiring.Component):
         m.d.comb += n_netq.eq(sum((k < ch.n_wr) & (ch.w_space[k] == Space.NETQ)
                                   for k in range(MAX_WRITES)))
         pushes = self.pushes
-        m.d.sync += pushes.eq(sum(Mux(bit, len_iters << b, 0)
-                                  for b, bit in enumerate(n_netq)))
-        e_over = pushes > self.outq_room
+        pushes_next = Signal(len(pushes))
+        pushes_big = Signal()
+        m.d.comb += pushes_next.eq(sum(Mux(bit, len_iters << b, 0)
+                                       for b, bit in enumerate(n_netq)))
+        m.d.sync += [pushes.eq(pushes_next), pushes_big.eq(pushes_next[level_bits:] != 0)]
+        e_over = pushes_big | (pushes[:level_bits] > self.outq_room)
         # last_iter * increment of every range: the range checks' and the hazard walk's.
         rd_base = Signal(len(self.extent) + 1)
         m.d.sync += [self.rd_prod.eq(last_iter * ch.rd_inc),
