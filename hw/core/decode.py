@@ -25,7 +25,8 @@ from host.spec.ops import UnaryOp
 from hw.core.vectors import checked_config
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "FETCHED_TERMS_LAYOUT", "FetchedTerms", "verdict_error", "iteration_bits", "built_vrfs", "vrf_space"]
+           "FETCHED_TERMS_LAYOUT", "FetchedTerms", "verdict_error", "iteration_bits",
+           "built_vrfs", "vrf_space"]
 
 
 def iteration_bits(config: NpuConfig) -> int:
@@ -265,11 +266,9 @@ class FetchedTerms(wiring.Component):
     """
 
     def __init__(self):
-        # The all-zero word: opcode 0 and the verdict and unit of code 0.
-        legal = Verdict(0) is Verdict.NONE
-        zero = {name: int(legal and any(o.value == 0 for o in codes))
-                for name, codes in _TERM_OPCODES.items()}
-        zero.update(illegal=int(not legal), unit_bit=1 << MfuUnit(0).value)
+        # The all-zero word's terms: its verdict (code 0) is ILLEGAL_OPCODE, so every
+        # opcode flag is clear, and its unit is code 0.
+        zero = {"illegal": 1, "unit_bit": 1 << MfuUnit(0).value}
         super().__init__({"stored": In(WORD_BITS + PREDECODE_LAYOUT.size),
                           "terms": Out(FETCHED_TERMS_LAYOUT, init=zero)})
 

@@ -9,7 +9,7 @@ little room in the output queue (QUEUE_UNDERFLOW, QUEUE_OVERFLOW), and a vector 
 beyond its memory in any iteration (ADDRESS_RANGE), in that order. :class:`PlanCheck`
 also forms the chain's sizes that the hand-off and the hazard walk take.
 
-The front end (:class:`hw.core.npu.NpuCore`) fills :func:`parsed_chain_layout` from
+The front end (:class:`hw.core.front_end.FrontEnd`) fills :func:`parsed_chain_layout` from
 ``v_rd`` to ``end_chain`` and keeps the scalar registers; both stop changing before its
 ``CHECK`` state, which reads ``error`` and ``error_at``. The checks' terms are
 registers loaded every cycle, so ``CHECK`` only picks among flags and the products and
