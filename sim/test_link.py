@@ -17,11 +17,16 @@ fuzz's run time).
 
 Parameters (environment): ``LINK_CONFIG`` (JSON ``NpuConfig`` fields), ``LINK_TRUNCATE``
 (the board's truncation timeout in cycles), ``LINK_FUZZ`` and ``LINK_SEED`` (frames and
-seed of the fuzz). ``tests/hw/test_link_hw.py`` says what the regression runs.
+seed of the fuzz). ``tests/hw/test_link_hw.py`` says what the regression runs. With
+``LINK_DIGEST`` set (a file path), each test appends a line of JSON to that file: its name
+and a digest of every reply byte with the cycle it left in, so that a restructured link can
+be shown to answer with the same bytes in the same cycles.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 
@@ -216,10 +221,22 @@ class LinkTB:
         await self.request(Opcode.READ_COUNTERS)
         await self.request(Opcode.STATUS)
 
-    async def finish(self):
+    async def finish(self, name):
         await ClockCycles(self.dut.clk, 50)
         assert len(self.mon.items) == self.seen, (
             f"{len(self.mon.items) - self.seen} unexpected reply bytes")
+        _write_digest(name, self.mon.items, self.mon.cycles)
+
+
+def _write_digest(name, items, cycles):
+    """One line of ``LINK_DIGEST`` (module docstring), when it is set."""
+    path = os.environ.get("LINK_DIGEST")
+    if not path:
+        return
+    timed = hashlib.sha256(json.dumps([items, cycles]).encode())
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": name, "bytes": len(items), "last_cycle": cycles[-1],
+                            "digest": timed.hexdigest()}) + "\n")
 
 
 # --- request makers ---------------------------------------------------------------------
@@ -306,7 +323,7 @@ async def _opcodes(dut, idle, backpressure):
     await tb.request(Opcode.RESET)
     await tb.digest()
     assert tb.runs >= 5, f"only {tb.runs} RUN replies with entries compared"
-    await tb.finish()
+    await tb.finish(f"opcodes idle={idle} backpressure={backpressure}")
 
 
 @cocotb.test()
@@ -434,7 +451,7 @@ async def test_errors(dut):
     await tb.request(Opcode.RUN)
     await tb.request(Opcode.POP_OUTPUT, p.pack_pop(1))
     await tb.digest()
-    await tb.finish()
+    await tb.finish("test_errors")
 
 
 # --- fuzz -----------------------------------------------------------------------------------
@@ -550,7 +567,7 @@ async def test_fuzz(dut):
             dut._log.info(f"fuzz: {done} of {total} frames, state equal")
     await tb.exchange(b"", idle=True)
     await tb.digest()
-    await tb.finish()
+    await tb.finish("test_fuzz")
     dut._log.info(f"fuzz: {done} frames, statuses {sorted(statuses)}, {tb.runs} runs, "
                   f"{tb.server.stats['skipped']} bytes skipped")
     for name in ("OK", "BAD_CRC", "BAD_LENGTH", "UNKNOWN_OPCODE", "TRUNCATED", "BAD_ADDRESS",

@@ -11,10 +11,12 @@ reports the core's measured ``cycles`` and ``pc`` instead of the model's predict
   the CRC-32 as the bytes arrive; after a bad CRC or a truncation it re-scans the buffered
   bytes from the one after the failed frame's sync, as ``FrameDecoder`` does.
   :class:`NpuLink`'s state machine, the executor, executes a frame only once it is known
-  good, after :class:`hw.link.checks.RequestChecks` has checked it.
-* :class:`ReplyFramer`, the output message processor (OMP), turns a reply header
-  command and a stream of body bytes into a frame: sync, header, CRC-16, body, CRC-32.
-  The fixed-shape bodies come from :class:`hw.link.template.ReplyTemplate`.
+  good, after :class:`hw.link.checks.RequestChecks` has checked it; the byte-level work
+  (payload words, the MRF prescan, the reply's bytes, read-back words) is done by the
+  components of :mod:`hw.link.executor`.
+* :class:`hw.link.omp.ReplyFramer`, the output message processor (OMP), turns a reply
+  header command and a stream of body bytes into a frame: sync, header, CRC-16, body,
+  CRC-32. The fixed-shape bodies come from :class:`hw.link.template.ReplyTemplate`.
 
 Requests run one at a time, to the end: the link takes no new byte while it executes a
 request or sends its reply (a FIFO in front of ``rx`` absorbs a UART meanwhile), and a
@@ -24,22 +26,23 @@ the model.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.hdl import Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for, ceil_log2
 
 from host.spec import protocol as p
 from host.spec.config import NpuConfig
-from host.spec.formats import MAX_EXPONENT_CODE, block_bytes, check_int
+from host.spec.formats import block_bytes, check_int
 from host.spec.isa import ErrorCode, Space, vector_spaces
 from host.spec.counters import MVM_COUNTERS, counter_names
-from host.spec.protocol import MAX_PAYLOAD, Opcode, Status
+from host.spec.protocol import Opcode, Status
 
 from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore, vector_space_exists
 from hw.link.checks import RequestChecks
-from hw.link.crc import CRC16_CCITT_FALSE, CRC32, ByteCrc
+from hw.link.executor import (MrfCursor, MrfPrescan, ReadBack, ReadSource, ReplyEmitter,
+                              WordLoader, word_bytes_max)
+from hw.link.omp import ReplyFramer, reply_command_layout
 from hw.link.scanner import BUFFER_BYTES, FrameScanner
 from hw.slice import RegisterSlice
 from hw.link.template import ReplyTemplate, TemplateRom
@@ -50,93 +53,6 @@ __all__ = ["NpuLink", "ReplyFramer", "reply_command_layout", "RUN_ENTRIES", "BUF
 #: Entries of the RUN reply, in order: clock cycles from ``run`` to ``done`` as the core
 #: counted them, and the index of the ``end`` reached or of the failing instruction.
 RUN_ENTRIES = ("cycles", "pc")
-
-_SYNC0, _SYNC1 = p.SYNC
-
-
-def reply_command_layout() -> data.StructLayout:
-    """:class:`ReplyFramer` command: the request's ``opcode`` and ``tag`` and the reply's
-    payload ``length`` in bytes (status byte included)."""
-    return data.StructLayout({"opcode": 8, "tag": 8, "length": 16})
-
-
-class ReplyFramer(wiring.Component):
-    """The output message processor: frames replies onto the ``tx`` byte stream.
-
-    For each ``cmd`` it sends the header (sync, ``opcode | REPLY``, tag, length, CRC-16 of
-    those six bytes), then exactly ``length`` bytes taken from ``body`` with their CRC-32
-    computed on the way, then the CRC-32 (least significant byte first). One byte per
-    cycle when ``tx`` is ready.
-
-    Attributes
-    ----------
-    cmd : ``In(stream.Signature(reply_command_layout()))``
-    body : ``In(stream.Signature(8))``
-    tx : ``Out(stream.Signature(8))``
-    idle : ``Out(1)``
-        No reply in progress.
-    """
-
-    def __init__(self):
-        super().__init__({"cmd": In(stream.Signature(reply_command_layout())),
-                          "body": In(stream.Signature(8)),
-                          "tx": Out(stream.Signature(8)), "idle": Out(1)})
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.crc = crc = ByteCrc(CRC32)
-        opcode = Signal(8)
-        tag = Signal(8)
-        length = Signal(16)
-        head = [Const(_SYNC0, 8), Const(_SYNC1, 8), opcode | p.REPLY, tag,
-                length[:8], length[8:]]
-        check = CRC16_CCITT_FALSE.of_bytes(head)
-        head += [check[:8], check[8:]]
-        k = Signal(range(MAX_PAYLOAD + 1))
-        with m.FSM():
-            with m.State("START"):
-                # One cycle out of reset: a state change, so that simulators that run
-                # variable initialisers before processes (Icarus, -g2012) evaluate the
-                # combinational outputs at all instead of leaving them X.
-                m.next = "IDLE"
-            with m.State("IDLE"):
-                m.d.comb += [self.cmd.ready.eq(1), self.idle.eq(1), crc.clear.eq(1)]
-                with m.If(self.cmd.valid):
-                    m.d.sync += [opcode.eq(self.cmd.payload.opcode),
-                                 tag.eq(self.cmd.payload.tag),
-                                 length.eq(self.cmd.payload.length), k.eq(0)]
-                    m.next = "HEADER"
-            with m.State("HEADER"):
-                m.d.comb += [self.tx.valid.eq(1), self.tx.payload.eq(Cat(head).word_select(
-                    k[:3], 8))]
-                with m.If(self.tx.ready):
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(k == 7):
-                        m.d.sync += k.eq(0)
-                        with m.If(length == 0):
-                            m.next = "TRAILER"
-                        with m.Else():
-                            m.next = "BODY"
-            with m.State("BODY"):
-                m.d.comb += [self.tx.valid.eq(self.body.valid),
-                             self.tx.payload.eq(self.body.payload),
-                             self.body.ready.eq(self.tx.ready),
-                             crc.data.eq(self.body.payload),
-                             crc.en.eq(self.body.valid & self.tx.ready)]
-                with m.If(self.body.valid & self.tx.ready):
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(k == length - 1):
-                        m.d.sync += k.eq(0)
-                        m.next = "TRAILER"
-            with m.State("TRAILER"):
-                m.d.comb += [self.tx.valid.eq(1),
-                             self.tx.payload.eq(crc.value.word_select(k[:2], 8))]
-                with m.If(self.tx.ready):
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(k == 3):
-                        m.next = "IDLE"
-        return m
-
 
 class NpuLink(wiring.Component):
     """IMP and OMP between a byte stream and the host ports of an NPU core.
@@ -212,10 +128,7 @@ class NpuLink(wiring.Component):
         vb = 2 * n                                   # bytes of a native vector
         mb = block_bytes(n, c.mantissa_bits_w)       # bytes of an MRF word
         m_bits = c.weight_block_bits
-        wb_max = max(vb, mb, 8)
-        excess_mask = ((1 << (8 * mb - m_bits)) - 1) << (8 - (8 * mb - m_bits)) & 0xFF
         vrf_spaces = 2 * c.mfus
-        log2n = ceil_log2(n)
         core_error = Value.cast(core.error)
         halted = core_error != ErrorCode.NONE.value     # the core's sticky error
 
@@ -233,11 +146,10 @@ class NpuLink(wiring.Component):
         mrf_w = mrf_slice.i_stream
         # MRF read-back requests likewise: the core's ready for one depends on its address
         # (the range check) and fed the executor's engine and slot counters in the cycle
-        # the executor's state drove the request. The executor waits for each response
+        # the executor's state drove the request. The read-back waits for each response
         # (D_WAIT), so the slice adds a cycle to a read word and never holds two requests.
         m.submodules.mrf_r_slice = mrf_r_slice = RegisterSlice(core.mrf_r_req.payload.shape())
         wiring.connect(m, mrf_r_slice.o_stream, wiring.flipped(core.mrf_r_req))
-        mrf_r_req = mrf_r_slice.i_stream
         staging = Memory(shape=64, depth=c.program_depth, init=[])
         m.submodules.staging = staging
         sw = staging.write_port()
@@ -257,31 +169,53 @@ class NpuLink(wiring.Component):
         m.d.comb += [template.live[key].eq(value) for key, value in live.items()]
 
         header = scanner.header
-        h_op, h_tag = header.opcode, header.tag
+        h_op = header.opcode
         recv = Signal()               # the FSM is in RECV
         verify = Signal()             # the FSM is in VERIFY
-        rd_addr = Signal(len(scanner.read_addr))     # the executor's buffer address
         m.d.comb += [scanner.recv.eq(recv), scanner.verify.eq(verify),
-                     scanner.read_addr.eq(rd_addr),
                      checks.header.eq(header), checks.prefix.eq(scanner.prefix),
                      checks.inq_level.eq(core.inq_level),
                      checks.outq_level.eq(core.outq_level),
                      checks.halted.eq(halted)]
         payload_at = scanner.payload_at
-        buf_data = scanner.read_data
+
+        # The executor's parts (hw.link.executor).
+        m.submodules.loader = loader = WordLoader(c)
+        m.submodules.prescan = prescan = MrfPrescan(c)
+        m.submodules.cursor = cursor = MrfCursor(c)
+        m.submodules.emitter = emitter = ReplyEmitter(len(t.rom))
+        m.submodules.read_back = read_back = ReadBack(c)
+        in_load, in_prescan, in_read_back = Signal(), Signal(), Signal()
+        m.d.comb += [loader.data.eq(scanner.read_data), prescan.data.eq(scanner.read_data),
+                     loader.run.eq(in_load), prescan.run.eq(in_prescan),
+                     emitter.opcode.eq(h_op), emitter.tag.eq(header.tag),
+                     template.pos.eq(emitter.pos), emitter.byte.eq(template.byte)]
+        # The buffer's read port is the loader's in LOAD, the prescan's in PRESCAN.
+        with m.If(in_load):
+            m.d.comb += scanner.read_addr.eq(loader.addr)
+        with m.Elif(in_prescan):
+            m.d.comb += scanner.read_addr.eq(prescan.addr)
+        # The OMP takes the emitter's bytes, then the read-back's.
+        wiring.connect(m, emitter.omp_cmd, omp.cmd)
+        with m.If(in_read_back):
+            m.d.comb += [omp.body.valid.eq(read_back.body.valid),
+                         omp.body.payload.eq(read_back.body.payload),
+                         read_back.body.ready.eq(omp.body.ready)]
+        with m.Else():
+            m.d.comb += [omp.body.valid.eq(emitter.body.valid),
+                         omp.body.payload.eq(emitter.body.payload),
+                         emitter.body.ready.eq(omp.body.ready)]
+        wiring.connect(m, read_back.vec_r_req, wiring.flipped(core.vec_r_req))
+        wiring.connect(m, wiring.flipped(core.vec_r_resp), read_back.vec_r_resp)
+        wiring.connect(m, read_back.mrf_r_req, mrf_r_slice.i_stream)
+        wiring.connect(m, wiring.flipped(core.mrf_r_resp), read_back.mrf_r_resp)
+        wiring.connect(m, wiring.flipped(core.outq), read_back.outq)
+        m.d.comb += [read_back.row.eq(cursor.row), read_back.engine.eq(cursor.engine),
+                     read_back.slot.eq(cursor.slot), cursor.step.eq(read_back.mrf_step)]
 
         # =================================================================================
         # Executor state
         # =================================================================================
-        st = Signal(8)                # reply status
-        code = Signal(8)              # DEVICE_ERROR code byte
-        has_code = Signal()
-        rlen = Signal(16)             # reply payload length
-        t_pos = Signal(range(len(t.rom) + 1))
-        t_end = Signal(range(len(t.rom) + 1))
-        then_data = Signal()          # READ/POP: the words follow the status byte
-        m.d.comb += template.pos.eq(t_pos)
-
         acc = data.View(p.ACCESS_LAYOUT, scanner.prefix)
         prg = data.View(p.PROGRAM_LAYOUT, scanner.prefix)
         pop = data.View(p.POP_LAYOUT, scanner.prefix[:16])
@@ -290,87 +224,71 @@ class NpuLink(wiring.Component):
         idx = Signal(16)              # words done
         # idx == count - 1, a cycle late (timing closure: the compare fed the reply's
         # registers). Every use comes at least a cycle after idx or count last changed
-        # (a word's LOAD, or the READ/POP request and response, lie in between).
+        # (a word's LOAD lies in between).
         idx_last = Signal()
-        wb = Signal(range(wb_max + 1))
-        word = Signal(8 * wb_max)
-        bp = Signal(len(payload_at))  # buffer read pointer of the loader
-        iss = Signal(range(wb_max + 1))
-        ld_v = Signal()
-        ld_k = Signal(range(wb_max + 1))
-        # LOAD puts each byte into the word the cycle after the block RAM gives it
-        # (timing closure: the RAM's output went through the word's input multiplexer).
-        ld_byte = Signal(8)
-        ld_put = Signal()
-        ld_put_k = Signal(range(wb_max + 1))
+        wb = Signal(range(word_bytes_max(c) + 1))
+        word = loader.word
         space = Signal(8)
         vaddr = Signal(HOST_ADDR_BITS)
-        eng = Signal(max(1, ceil_log2(c.tiles)))
-        row = Signal(max(1, log2n))
-        slot = Signal(range(c.mrf_depth))
         prog_off = Signal(PROGRAM_ADDR_BITS + 1)
         staged = Signal(PROGRAM_ADDR_BITS + 1)
         staged_total = Signal(32)
         staged_last = Signal()        # P_SWRITE: the last staged word
         staged_word = Signal(64)      # P_SWRITE: the staged word, registered
         m.d.comb += [checks.staged.eq(staged), checks.staged_total.eq(staged_total)]
-        bad = Signal()
-        phase = Signal()
-        ps_v = Signal()
-        ps_last = Signal()
-        # PRESCAN checks each byte the cycle after the block RAM gives it (timing closure).
-        ps_byte = Signal(8)
-        ps_check = Signal()
-        ps_check_last = Signal()
+        source = Signal(ReadSource)   # READ/POP: where the words come from
         zs = Signal(8)                # RESET: space being zeroed
-        job = Signal(4)
-        J_WVEC, J_WMRF, J_STAGE, J_PROG, J_PUSH, J_RVEC, J_RMRF, J_POP = range(1, 9)
-
-        m.d.sync += [ld_v.eq(0), ld_put.eq(0), ps_v.eq(0), ps_check.eq(0),
-                     idx_last.eq(idx == count - 1)]
-
-        def mrf_advance():
-            """Next flat MRF address: row, then engine, then slot (``isa.mrf_address``)."""
-            with m.If(row == n - 1):
-                m.d.sync += row.eq(0)
-                with m.If(eng == c.tiles - 1):
-                    m.d.sync += [eng.eq(0), slot.eq(slot + 1)]
-                with m.Else():
-                    m.d.sync += eng.eq(eng + 1)
-            with m.Else():
-                m.d.sync += row.eq(row + 1)
+        job = Signal(3)               # what the loaded words are for
+        J_WVEC, J_WMRF, J_STAGE, J_PROG, J_PUSH = range(1, 6)
+        m.d.comb += [loader.bytes.eq(wb), prescan.count.eq(count), prescan.at.eq(payload_at + 8),
+                     read_back.source.eq(source), read_back.count.eq(count),
+                     read_back.bytes.eq(wb), read_back.space.eq(space),
+                     read_back.addr.eq(vaddr)]
+        m.d.sync += idx_last.eq(idx == count - 1)
+        with m.If(read_back.addr_step):
+            m.d.sync += vaddr.eq(vaddr + 1)
 
         def reply(status, length=1, segment=None, code_value=None, data_follows=False):
-            m.d.sync += [st.eq(status.value if isinstance(status, Status) else status),
-                         rlen.eq(length), then_data.eq(data_follows),
-                         has_code.eq(code_value is not None)]
+            """Hand the reply to the emitter; wait in REPLY."""
+            cmd = emitter.cmd
+            m.d.comb += [emitter.start.eq(1),
+                         cmd.status.eq(status.value if isinstance(status, Status) else status),
+                         cmd.length.eq(length), cmd.data_follows.eq(data_follows),
+                         cmd.has_code.eq(code_value is not None)]
             if code_value is not None:
-                m.d.sync += code.eq(code_value)
+                m.d.comb += cmd.code.eq(code_value)
             if segment is not None:
                 lo, hi = t.segments[segment]
-                m.d.sync += [t_pos.eq(lo), t_end.eq(hi)]
-            else:
-                m.d.sync += [t_pos.eq(0), t_end.eq(0)]
-            m.next = "E_CMD"
+                m.d.comb += [cmd.t_lo.eq(lo), cmd.t_hi.eq(hi)]
+            m.next = "REPLY"
 
         def refuse(status):
             reply(status)
 
+        def ok():
+            reply(Status.OK)
+
         def load(next_job):
-            m.d.sync += [job.eq(next_job), iss.eq(0)]
+            m.d.sync += job.eq(next_job)
             m.next = "LOAD"
 
-        def after_emit():
-            with m.If(then_data):
-                m.next = "D_REQ"
-            with m.Else():
-                m.next = "RECV"
+        def seek(at):
+            m.d.comb += [loader.seek.eq(1), loader.at.eq(at)]
 
-        # WRITE/READ: the space and the flat address's row, engine and slot.
+        def next_word(state_after):
+            m.d.sync += idx.eq(idx + 1)
+            with m.If(idx_last):
+                state_after()
+            with m.Else():
+                m.next = "LOAD"
+
+        def mrf_written():
+            """The last MRF word is in the slice: answer OK once it has left."""
+            m.next = "MRF_DRAIN"
+
+        # WRITE/READ: the space.
         sp = acc.space
         is_mrf = sp == Space.MRF.value
-        flat = acc.addr[:bits_for(c.mrf_words)]
-        rest = flat >> log2n
         is_read = h_op == Opcode.READ.value
 
         with m.FSM(name="link"):
@@ -399,13 +317,14 @@ class NpuLink(wiring.Component):
             with m.State("CHECKS"):
                 m.next = "DECIDE"
             with m.State("DECIDE"):
-                m.d.sync += [bad.eq(0), idx.eq(0), bp.eq(payload_at + 8)]
+                m.d.sync += idx.eq(0)
+                seek(payload_at + 8)
                 with m.Switch(h_op):
                     with m.Case(Opcode.WRITE, Opcode.READ):
-                        m.d.sync += [space.eq(sp), count.eq(acc.count),
-                                     vaddr.eq(acc.addr), row.eq(flat[:log2n] if log2n else 0),
-                                     eng.eq(rest % c.tiles), slot.eq(rest // c.tiles),
+                        m.d.sync += [space.eq(sp), count.eq(acc.count), vaddr.eq(acc.addr),
                                      wb.eq(Mux(is_mrf, mb, vb))]
+                        m.d.comb += [cursor.load.eq(1),
+                                     cursor.flat.eq(acc.addr[:len(cursor.flat)])]
                         with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
                         with m.Elif(checks.bad_space):
@@ -417,10 +336,11 @@ class NpuLink(wiring.Component):
                         with m.Elif(checks.bad_address):
                             refuse(Status.BAD_ADDRESS)
                         with m.Elif(is_read):
-                            m.d.sync += job.eq(Mux(is_mrf, J_RMRF, J_RVEC))
+                            m.d.sync += source.eq(Mux(is_mrf, ReadSource.MRF,
+                                                      ReadSource.VECTOR))
                             reply(Status.OK, 1 + checks.data_bytes, data_follows=True)
                         with m.Elif(is_mrf):
-                            m.d.sync += [phase.eq(0), bp.eq(payload_at + 8)]
+                            m.d.comb += prescan.start.eq(1)
                             m.next = "PRESCAN"
                         with m.Else():
                             load(J_WVEC)
@@ -444,7 +364,8 @@ class NpuLink(wiring.Component):
                             with m.Else():
                                 m.next = "P_SREAD"
                     with m.Case(Opcode.PUSH_INPUT):
-                        m.d.sync += [count.eq(checks.vectors), wb.eq(vb), bp.eq(payload_at)]
+                        m.d.sync += [count.eq(checks.vectors), wb.eq(vb)]
+                        seek(payload_at)
                         with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
                         with m.Elif(checks.halted_at):
@@ -462,7 +383,8 @@ class NpuLink(wiring.Component):
                             m.d.comb += core.run.eq(1)
                             m.next = "RUN_START"
                     with m.Case(Opcode.POP_OUTPUT):
-                        m.d.sync += [count.eq(pop.count), wb.eq(vb), job.eq(J_POP)]
+                        m.d.sync += [count.eq(pop.count), wb.eq(vb),
+                                     source.eq(ReadSource.OUTPUT)]
                         with m.If(checks.bad_length):
                             refuse(Status.BAD_LENGTH)
                         with m.Elif(checks.halted_at):
@@ -498,45 +420,21 @@ class NpuLink(wiring.Component):
                     with m.Default():
                         refuse(Status.UNKNOWN_OPCODE)
 
-            # --- checks.words from the buffer ----------------------------------------------------
+            # --- a word from the buffer, then where it goes ---------------------------
             with m.State("LOAD"):
-                issue = iss < wb
-                m.d.comb += rd_addr.eq(bp)
-                with m.If(issue):
-                    m.d.sync += [bp.eq(bp + 1), iss.eq(iss + 1)]
-                m.d.sync += [ld_v.eq(issue), ld_k.eq(iss)]
-                with m.If(ld_v):
-                    m.d.sync += [ld_byte.eq(buf_data), ld_put.eq(1), ld_put_k.eq(ld_k)]
-                with m.If(ld_put):
-                    for i in range(wb_max):
-                        with m.If(ld_put_k == i):
-                            m.d.sync += word.word_select(i, 8).eq(ld_byte)
-                    with m.If(ld_put_k == wb - 1):
-                        with m.Switch(job):
-                            with m.Case(J_WVEC):
-                                m.next = "W_VEC"
-                            with m.Case(J_WMRF):
-                                m.next = "W_MRF"
-                            with m.Case(J_STAGE):
-                                m.next = "STAGE"
-                            with m.Case(J_PROG):
-                                m.next = "PROG"
-                            with m.Case(J_PUSH):
-                                m.next = "PUSH"
-
-            def next_word(state_after):
-                m.d.sync += [idx.eq(idx + 1), iss.eq(0)]
-                with m.If(idx_last):
-                    state_after()
-                with m.Else():
-                    m.next = "LOAD"
-
-            def ok():
-                reply(Status.OK)
-
-            def mrf_written():
-                """The last MRF word is in the slice: answer OK once it has left."""
-                m.next = "MRF_DRAIN"
+                m.d.comb += in_load.eq(1)
+                with m.If(loader.done):
+                    with m.Switch(job):
+                        with m.Case(J_WVEC):
+                            m.next = "W_VEC"
+                        with m.Case(J_WMRF):
+                            m.next = "W_MRF"
+                        with m.Case(J_STAGE):
+                            m.next = "STAGE"
+                        with m.Case(J_PROG):
+                            m.next = "PROG"
+                        with m.Case(J_PUSH):
+                            m.next = "PUSH"
 
             with m.State("W_VEC"):
                 m.d.comb += [core.vec_w.valid.eq(1),
@@ -547,43 +445,25 @@ class NpuLink(wiring.Component):
                     m.d.sync += vaddr.eq(vaddr + 1)
                     next_word(ok)
 
-            # MRF checks.words: every word checked before any is written (the model refuses the
+            # MRF words: every word checked before any is written (the model refuses the
             # whole request with MRF_WORD, nothing written).
             with m.State("PRESCAN"):
-                m.d.comb += rd_addr.eq(Mux(phase, bp + mb - 1, bp))
-                more = idx != count
-                with m.If(more):
-                    m.d.sync += [ps_v.eq(1), ps_last.eq(phase)]
-                    # With padding bits in the last byte, each word's last byte is read
-                    # too (they must be zero: the model's word width check).
-                    word_done = phase if excess_mask else Const(1)
-                    if excess_mask:
-                        m.d.sync += phase.eq(~phase)
-                    with m.If(word_done):
-                        m.d.sync += [bp.eq(bp + mb), idx.eq(idx + 1)]
-                with m.If(ps_v):
-                    m.d.sync += [ps_byte.eq(buf_data), ps_check.eq(1),
-                                 ps_check_last.eq(ps_last)]
-                with m.If(ps_check):
-                    with m.If(~ps_check_last & (ps_byte > MAX_EXPONENT_CODE)):
-                        m.d.sync += bad.eq(1)
-                    with m.If(ps_check_last & ((ps_byte & excess_mask) != 0)):
-                        m.d.sync += bad.eq(1)
-                with m.If(~more & ~ps_v & ~ps_check):
-                    with m.If(bad):
+                m.d.comb += in_prescan.eq(1)
+                with m.If(prescan.done):
+                    with m.If(prescan.bad):
                         reply(Status.DEVICE_ERROR, 2, code_value=ErrorCode.MRF_WORD.value)
                     with m.Else():
-                        m.d.sync += [idx.eq(0), bp.eq(payload_at + 8)]
+                        seek(payload_at + 8)
                         load(J_WMRF)
 
             with m.State("W_MRF"):
                 m.d.comb += [mrf_w.valid.eq(1),
-                             mrf_w.payload.engine.eq(eng),
-                             mrf_w.payload.row.eq(row),
-                             mrf_w.payload.slot.eq(slot),
+                             mrf_w.payload.engine.eq(cursor.engine),
+                             mrf_w.payload.row.eq(cursor.row),
+                             mrf_w.payload.slot.eq(cursor.slot),
                              mrf_w.payload.block.eq(word[:m_bits])]
                 with m.If(mrf_w.ready):
-                    mrf_advance()
+                    m.d.comb += cursor.step.eq(1)
                     next_word(mrf_written)
             with m.State("MRF_DRAIN"):
                 with m.If(mrf_slice.empty):
@@ -650,7 +530,7 @@ class NpuLink(wiring.Component):
             def zero_next_space():
                 m.d.sync += [vaddr.eq(0), zs.eq(zs + 1)]
                 with m.If(zs == Space.IVRF.value + vrf_spaces):
-                    m.d.sync += [eng.eq(0), row.eq(0), slot.eq(0)]
+                    m.d.comb += cursor.clear.eq(1)
                     m.next = "Z_MRF"
 
             def zero_space():
@@ -674,100 +554,26 @@ class NpuLink(wiring.Component):
                     with m.Else():
                         zero_space()
             with m.State("Z_MRF"):
-                m.d.comb += [mrf_w.valid.eq(1), mrf_w.payload.engine.eq(eng),
-                             mrf_w.payload.row.eq(row), mrf_w.payload.slot.eq(slot)]
+                m.d.comb += [mrf_w.valid.eq(1), mrf_w.payload.engine.eq(cursor.engine),
+                             mrf_w.payload.row.eq(cursor.row),
+                             mrf_w.payload.slot.eq(cursor.slot)]
                 with m.If(mrf_w.ready):
-                    mrf_advance()
-                    with m.If((row == n - 1) & (eng == c.tiles - 1)
-                              & (slot == c.mrf_depth - 1)):
+                    m.d.comb += cursor.step.eq(1)
+                    with m.If(cursor.last):
                         mrf_written()
 
-            # --- reply: header command, status, code, template, then data checks.words ----------
-            with m.State("E_CMD"):
-                m.d.comb += [omp.cmd.valid.eq(1), omp.cmd.payload.opcode.eq(h_op),
-                             omp.cmd.payload.tag.eq(h_tag), omp.cmd.payload.length.eq(rlen)]
-                with m.If(omp.cmd.ready):
-                    m.next = "E_STATUS"
-            def template_or_after():
-                with m.If(t_pos != t_end):
-                    m.next = "T_ROM"
-                with m.Else():
-                    after_emit()
-
-            with m.State("E_STATUS"):
-                m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(st)]
-                with m.If(omp.body.ready):
-                    with m.If(has_code):
-                        m.next = "E_CODE"
+            # --- the reply (ReplyEmitter), then READ's and POP's words (ReadBack) ----------
+            with m.State("REPLY"):
+                with m.If(emitter.done):
+                    with m.If(emitter.data_follows):
+                        m.d.comb += read_back.start.eq(1)
+                        m.next = "READ_BACK"
                     with m.Else():
-                        template_or_after()
-            with m.State("E_CODE"):
-                m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(code)]
-                with m.If(omp.body.ready):
-                    template_or_after()
-            # ReplyTemplate's byte is ready three cycles after t_pos.
-            with m.State("T_ROM"):
-                m.next = "T_HOLD"
-            with m.State("T_HOLD"):
-                m.next = "T_PICK"
-            with m.State("T_PICK"):
-                m.next = "E_TMPL"
-            with m.State("E_TMPL"):
-                m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(template.byte)]
-                with m.If(omp.body.ready):
-                    m.d.sync += t_pos.eq(t_pos + 1)
-                    with m.If(t_pos + 1 == t_end):
-                        after_emit()
-                    with m.Else():
-                        m.next = "T_ROM"
-
-            with m.State("D_REQ"):
-                m.d.sync += iss.eq(0)
-                with m.Switch(job):
-                    with m.Case(J_RVEC):
-                        m.d.comb += [core.vec_r_req.valid.eq(1),
-                                     core.vec_r_req.payload.space.eq(space),
-                                     core.vec_r_req.payload.addr.eq(vaddr)]
-                        with m.If(core.vec_r_req.ready):
-                            m.d.sync += vaddr.eq(vaddr + 1)
-                            m.next = "D_WAIT"
-                    with m.Case(J_RMRF):
-                        m.d.comb += [mrf_r_req.valid.eq(1),
-                                     mrf_r_req.payload.engine.eq(eng),
-                                     mrf_r_req.payload.row.eq(row),
-                                     mrf_r_req.payload.slot.eq(slot)]
-                        with m.If(mrf_r_req.ready):
-                            mrf_advance()
-                            m.next = "D_WAIT"
-                    with m.Default():
-                        m.next = "D_WAIT"
-            with m.State("D_WAIT"):
-                with m.Switch(job):
-                    with m.Case(J_RVEC):
-                        m.d.comb += core.vec_r_resp.ready.eq(1)
-                        with m.If(core.vec_r_resp.valid):
-                            m.d.sync += word.eq(core.vec_r_resp.payload)
-                            m.next = "D_EMIT"
-                    with m.Case(J_RMRF):
-                        m.d.comb += core.mrf_r_resp.ready.eq(1)
-                        with m.If(core.mrf_r_resp.valid):
-                            m.d.sync += word.eq(core.mrf_r_resp.payload)
-                            m.next = "D_EMIT"
-                    with m.Default():
-                        m.d.comb += core.outq.ready.eq(1)
-                        with m.If(core.outq.valid):
-                            m.d.sync += word.eq(core.outq.payload)
-                            m.next = "D_EMIT"
-            with m.State("D_EMIT"):
-                m.d.comb += [omp.body.valid.eq(1), omp.body.payload.eq(word[:8])]
-                with m.If(omp.body.ready):
-                    m.d.sync += [word.eq(word >> 8), iss.eq(iss + 1)]
-                    with m.If(iss == wb - 1):
-                        m.d.sync += idx.eq(idx + 1)
-                        with m.If(idx_last):
-                            m.next = "RECV"
-                        with m.Else():
-                            m.next = "D_REQ"
+                        m.next = "RECV"
+            with m.State("READ_BACK"):
+                m.d.comb += in_read_back.eq(1)
+                with m.If(read_back.done):
+                    m.next = "RECV"
 
         m.d.comb += [
             self.waiting.eq(recv & scanner.idle & omp.idle),
