@@ -85,4 +85,4 @@ async def test_program(dut):
     await tb.request(Opcode.STATUS)
     await tb.digest()
     assert tb.runs == 1, f"{tb.runs} RUN replies with entries compared"
-    await tb.finish()
+    await tb.finish("test_program")
