@@ -58,20 +58,19 @@ class MrfCursor(wiring.Component):
         Take ``flat``; go to address 0; go to the next address (row, then engine, then
         slot). At most one is high in a cycle.
     row, engine, slot : ``Out``
-        The address (registers).
+        The address (registers), as ``hw.mvm.mvm.mrf_address_layout``'s fields.
     last : ``Out(1)``
         The address is the MRF's last word (combinational).
     """
 
     def __init__(self, config: NpuConfig):
         self._config = config
+        address = mrf_address_layout(config.mvm).members
         super().__init__({
             "flat": In(bits_for(config.mrf_words)),
             "load": In(1), "clear": In(1), "step": In(1),
-            "row": Out(max(1, ceil_log2(config.n))),
-            "engine": Out(max(1, ceil_log2(config.tiles))),
-            "slot": Out(range(config.mrf_depth)),
-            "last": Out(1)})
+            "row": Out(address["row"]), "engine": Out(address["engine"]),
+            "slot": Out(address["slot"]), "last": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
