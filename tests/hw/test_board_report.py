@@ -111,16 +111,24 @@ def test_board_records(tmp_path):
     assert records["board MACs per cycle"]["value"] == 16
     assert records["board GOP/s"]["value"] == round(2 * 16 * FMAX / 1000, 2) == 0.9
     # nextpnr's own seed (build.json without one) names none.
-    assert all("nextpnr_seed" not in r["config"] for r in records.values())
+    assert all(not any(k.startswith("nextpnr") for k in r["config"])
+               for r in records.values())
 
 
 def test_board_records_name_the_seed(tmp_path):
-    """A build placed with ``--seed K`` says so in every record."""
+    """A build placed with ``--seed K``, ``--router R`` or ``--placer-density D`` says so
+    in every record."""
     d = _build_dir(tmp_path)
     info = json.loads((d / "build.json").read_text()) | {"seed": 2}
     (d / "build.json").write_text(json.dumps(info))
     records = board_bench.board_records(d)
     assert records and all(r["config"]["nextpnr_seed"] == 2 for r in records)
+    assert all("nextpnr_router" not in r["config"] for r in records)
+    info |= {"router": "router2", "placer_density": 0.8}
+    (d / "build.json").write_text(json.dumps(info))
+    records = board_bench.board_records(d)
+    assert records and all((r["config"]["nextpnr_router"], r["config"]["nextpnr_placer_density"])
+                           == ("router2", 0.8) for r in records)
 
 
 @pytest.mark.parametrize("clk_hz, mhz, met", [(25_000_000, 25.0, True),

@@ -349,6 +349,25 @@ def test_command_line_seed():
         ["--report", "report.json", "--seed", "7"]
 
 
+def test_command_line_router_and_density():
+    """``--router`` and ``--placer-density`` reach nextpnr as ``--router`` and
+    ``--placer-heap-beta``; bad values in :func:`build_overrides` raise naming them."""
+    from hw.board.board import build_overrides, parse_build_args
+    args = parse_build_args([])
+    assert args.router is None and args.placer_density is None
+    args = parse_build_args(["--router", "router2", "--placer-density", "0.75", "--seed", "4"])
+    assert (args.router, args.placer_density, args.seed) == ("router2", 0.75, 4)
+    assert build_overrides("npu", **args.nextpnr_options())["nextpnr_opts"].split() == [
+        "--report", "report.json", "--seed", "4", "--router", "router2",
+        "--placer-heap-beta", "0.75"]
+    assert build_overrides("npu", placer_density=1)["nextpnr_opts"].split()[-2:] == \
+        ["--placer-heap-beta", "1.0"]
+    with pytest.raises(ValueError, match="router must be one of router1, router2, not 'r3'"):
+        build_overrides("npu", router="r3")
+    with pytest.raises(ValueError, match="placer_density must be above 0 and at most 1, not 0"):
+        build_overrides("npu", placer_density=0)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--clk-mhz", "fast"], "argument --clk-mhz: not a frequency in MHz: 'fast'"),
     (["--clk-mhz", "100.0000001"], "100.0000001 MHz is not a whole number of Hz"),
@@ -363,6 +382,11 @@ def test_command_line_seed():
     (["--seed", "1.5"], "argument --seed: not a whole number: '1.5'"),
     (["--seed", "-1"], "argument --seed: -1 is not from 0 to 2147483647"),
     (["--seed", "2147483648"], "2147483648 is not from 0 to 2147483647"),
+    (["--router", "router3"], "argument --router: invalid choice: 'router3'"),
+    (["--placer-density", "dense"], "argument --placer-density: not a number: 'dense'"),
+    (["--placer-density", "0"], "argument --placer-density: 0 is not above 0 and at most 1"),
+    (["--placer-density", "1.2"], "1.2 is not above 0 and at most 1"),
+    (["--placer-density", "nan"], "nan is not above 0 and at most 1"),
 ])
 def test_command_line_clock_errors(argv, message, capsys):
     from hw.board.board import parse_build_args
@@ -372,16 +396,19 @@ def test_command_line_clock_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, clock, clk_hz", [
-    (["--oscillator"], "clock 25 MHz from the oscillator", OSC),
+@pytest.mark.parametrize("argv, clock, clk_hz, nextpnr", [
+    (["--oscillator"], "clock 25 MHz from the oscillator", OSC, {}),
     (["--clk-mhz", "100"], "clock 100 MHz (EHXPLLL 25 MHz / 1 * 4, VCO 600 MHz / 6)",
-     100 * MHZ),
-    ([], "clock 40 MHz (EHXPLLL 25 MHz / 5 * 8, VCO 600 MHz / 15)", 40 * MHZ),
-    (["--seed", "3"], "VCO 600 MHz / 15), nextpnr seed 3;", 40 * MHZ),
+     100 * MHZ, {}),
+    ([], "clock 40 MHz (EHXPLLL 25 MHz / 5 * 8, VCO 600 MHz / 15)", 40 * MHZ, {}),
+    (["--seed", "3"], "VCO 600 MHz / 15), nextpnr seed 3;", 40 * MHZ, {"seed": 3}),
+    (["--placer-density", "0.8", "--router", "router2"],
+     "VCO 600 MHz / 15), nextpnr router router2, nextpnr placer density 0.8;", 40 * MHZ,
+     {"router": "router2", "placer_density": 0.8}),
 ])
 # The top main builds is handed to the stand-in for the build, which does not elaborate it.
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
-def test_main_banner_and_record(argv, clock, clk_hz, monkeypatch):
+def test_main_banner_and_record(argv, clock, clk_hz, nextpnr, monkeypatch):
     """``main`` echoes the clock and records it in ``build.json``'s info (the build
     itself replaced: no tools run)."""
     import hw.board.flow
@@ -404,9 +431,11 @@ def test_main_banner_and_record(argv, clock, clk_hz, monkeypatch):
     info = main(argv, out=lines.append)
     assert clock in lines[0], lines
     assert info["clk_hz"] == clk_hz
-    seed = int(argv[1]) if argv[:1] == ["--seed"] else None
-    assert info["seed"] == seed
-    assert seeds == ["--report report.json" + ("" if seed is None else f" --seed {seed}")]
+    for key in ("seed", "router", "placer_density"):
+        assert info[key] == nextpnr.get(key)
+    words = {"seed": "--seed", "router": "--router", "placer_density": "--placer-heap-beta"}
+    assert seeds == [" ".join(["--report report.json"]
+                              + [f"{words[k]} {v}" for k, v in nextpnr.items()])]
     (pll,) = calls
     if argv == ["--oscillator"]:
         assert "seed" not in lines[0]
