@@ -26,7 +26,7 @@ from hw.core.decode import (
 )
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.host_access import PROGRAM_ADDR_BITS, program_port_layout
-from hw.core.issuer import checked_chain_layout
+from hw.core.issuer import checked_chain_layout, vrf_base
 from hw.core.plan import PLAN_REGISTERS, PlanCheck, parsed_chain_layout
 from hw.core.vectors import checked_config
 
@@ -400,8 +400,12 @@ class FrontEnd(wiring.Component):
                     desc.narrow.eq(regs[Reg.NARROW]),
                     desc.mfu.eq(mcfg_regs), desc.vv_used.eq(vv_used),
                 ]
+                # The read ranges' ends, summed here from the values desc takes (with
+                # its widths), so that the issuer compares registers.
+                m.d.sync += desc.rd_end.eq(rd_op + plan.extent[:len(desc.extent)])
                 for k in range(vrfs):
-                    m.d.sync += desc.vv_inc[k].eq(vv_inc[k])
+                    m.d.sync += [desc.vv_inc[k].eq(vv_inc[k]),
+                                 desc.vv_end[k].eq(vrf_base(mcfg_regs, k) + length)]
                 for k in range(MAX_WRITES):
                     m.d.sync += [
                         desc.w_valid[k].eq(k < n_wr), desc.w_space[k].eq(w_space[k]),

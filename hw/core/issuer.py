@@ -29,7 +29,7 @@ from hw.core.writer import writer_layout
 from hw.mvm.mvm import command_layout
 from hw.mvm.tile_engine import TileEngine
 
-__all__ = ["Issuer", "checked_chain_layout"]
+__all__ = ["Issuer", "checked_chain_layout", "vrf_base"]
 
 
 def checked_chain_layout(config: NpuConfig) -> data.StructLayout:
@@ -40,7 +40,10 @@ def checked_chain_layout(config: NpuConfig) -> data.StructLayout:
     iteration), the sizes (``length``, ``lanes_last``, ``iters``), the quantizer's
     registers (``rounding``, ``static``, ``q_exponent``, ``narrow``), the MFU
     configuration (``mfu``), each VRF's ``vv_used``/``vv_inc`` (the base addresses are in
-    ``mfu``), and the writes (``w_valid``, ``w_space``, ``w_addr``, ``w_inc``)."""
+    ``mfu``, :func:`vrf_base`), the ends of iteration 0's read ranges (``rd_end``:
+    ``rd_addr + extent``; ``vv_end``: each VRF's base ``+ length``; summed at the hand-off
+    so that the issuer's range compares start from registers), and the writes
+    (``w_valid``, ``w_space``, ``w_addr``, ``w_inc``)."""
     a = config.vector_addr_bits
     mfu = config.mfu
     vrfs = 2 * config.mfus
@@ -53,18 +56,27 @@ def checked_chain_layout(config: NpuConfig) -> data.StructLayout:
         "win_h": unsigned(count_bits(config)), "pitch": unsigned(pitch_bits(config)),
         "lanes_cols": unsigned(bits_for(config.n)),
         "cols": unsigned(count_bits(config)), "c_in": unsigned(count_bits(config)),
-        "extent": unsigned(a + 1),
+        "extent": unsigned(a + 1), "rd_end": unsigned(a + 2),
         "length": unsigned(mfu.length_bits), "lanes_last": unsigned(mfu.lanes_bits),
         "iters": unsigned(iteration_bits(config)),
         "rounding": Rounding, "static": unsigned(1), "q_exponent": unsigned(8),
         "narrow": unsigned(7),
         "mfu": data.ArrayLayout(mfu_layout(mfu), config.mfus),
         "vv_used": unsigned(vrfs), "vv_inc": data.ArrayLayout(inc, vrfs),
+        "vv_end": data.ArrayLayout(unsigned(mfu.addr_bits + 1), vrfs),
         "w_valid": unsigned(MAX_WRITES),
         "w_space": data.ArrayLayout(Space, MAX_WRITES),
         "w_addr": data.ArrayLayout(unsigned(a), MAX_WRITES),
         "w_inc": data.ArrayLayout(inc, MAX_WRITES),
     })
+
+
+def vrf_base(mfu, k):
+    """VRF ``k``'s base address in an MFU configuration array ``mfu``
+    (``ArrayLayout(mfu_layout, mfus)``): the add/sub VRF (even ``k``) or the multiply VRF
+    (odd ``k``) of MFU ``k // 2``."""
+    f = mfu[k // 2]
+    return f.addsub_addr if k % 2 == 0 else f.mul_addr
 
 
 class Issuer(wiring.Component):
@@ -128,61 +140,57 @@ class Issuer(wiring.Component):
         it_vv = [Signal(mcfg.addr_bits, name=f"it_vv{k}") for k in range(vrfs)]
         it_wr = [Signal(a_bits, name=f"it_wr{k}") for k in range(MAX_WRITES)]
 
-        def vv_base(chain, k):
-            f = chain.mfu[k // 2]
-            return f.addsub_addr if k % 2 == 0 else f.mul_addr
-
         take = Signal()
         m.d.comb += [self.chains.ready.eq(~cur_valid), take.eq(self.chains.valid & ~cur_valid)]
         with m.If(take):
             m.d.sync += [cur.eq(desc), cur_valid.eq(1), left.eq(desc.iters),
                          it_rd.eq(desc.rd_addr), it_mv.eq(desc.mv_slot)]
-            m.d.sync += [it_vv[k].eq(vv_base(desc, k)) for k in range(vrfs)]
+            m.d.sync += [it_vv[k].eq(vrf_base(desc.mfu, k)) for k in range(vrfs)]
             m.d.sync += [it_wr[k].eq(desc.w_addr[k]) for k in range(MAX_WRITES)]
 
         # In-flight instances: their write ranges (hw.core.scoreboard), oldest first.
         m.submodules.scoreboard = sb = Scoreboard(c)
         issue = Signal()
         m.d.comb += [sb.issue.eq(issue), sb.take.eq(take), sb.retire.eq(self.writer.ready)]
-        # The read ranges' ends, it_rd + extent and it_vv + L, are registers kept beside
-        # the starts, so that the scoreboard's compares start from registers (issue 36,
-        # timing). They equal the sums wherever a read is compared: a handed-off chain
-        # passed the range checks, so no start of its iterations wraps around.
-        it_rd_end = Signal(a_bits + 2)
-        it_vv_end = {k: Signal(mcfg.addr_bits + 1, name=f"it_vv_end{k}") for k in vrf_built}
-
-        # Next cycle's read ranges: the current ones advanced by an issue, or a taken
-        # chain's first (the issue and the take below load them; `hit` compares them).
+        # Next cycle's read ranges, the scoreboard's `reads_next`: after an issue, the next
+        # iteration's, kept in registers an iteration ahead of it_rd and it_vv (advanced
+        # at each issue); at a take, the taken chain's first, from the hand-off register
+        # with its ends summed by the front end. So the compares start from registers
+        # (issue 36, timing: an adder before them was the core's critical path). The ends
+        # equal the sums wherever a read is compared: a handed-off chain passed the range
+        # checks, so no start of its iterations wraps around.
         def advanced(value, inc):
             return (value + inc)[:len(value)]
 
-        rd_adv, rd_end_adv = advanced(it_rd, cur.rd_inc), advanced(it_rd_end, cur.rd_inc)
-        vv_adv = [advanced(it_vv[k], cur.vv_inc[k]) for k in range(vrfs)]
-        vv_end_adv = {k: advanced(it_vv_end[k], cur.vv_inc[k]) for k in vrf_built}
-        rd_end_taken = (desc.rd_addr + desc.extent)[:len(it_rd_end)]
-        vv_end_taken = {k: (vv_base(desc, k) + desc.length)[:len(it_vv_end[k])]
-                        for k in vrf_built}
+        rd_next, rd_end_next = Signal(a_bits), Signal(a_bits + 2)
+        vv_next = {k: Signal(mcfg.addr_bits, name=f"vv_next{k}") for k in vrf_built}
+        vv_end_next = {k: Signal(mcfg.addr_bits + 1, name=f"vv_end_next{k}") for k in vrf_built}
         with m.If(take):
-            m.d.sync += it_rd_end.eq(rd_end_taken)
-            m.d.sync += [it_vv_end[k].eq(vv_end_taken[k]) for k in vrf_built]
-
-        # The scoreboard compares next cycle's reads (hw.core.scoreboard): the reads
-        # after this issue, or the taken chain's first.
+            m.d.sync += [rd_next.eq(advanced(desc.rd_addr, desc.rd_inc)),
+                         rd_end_next.eq(advanced(desc.rd_end, desc.rd_inc))]
+            m.d.sync += [vv_next[k].eq(advanced(vrf_base(desc.mfu, k), desc.vv_inc[k]))
+                         for k in vrf_built]
+            m.d.sync += [vv_end_next[k].eq(advanced(desc.vv_end[k], desc.vv_inc[k]))
+                         for k in vrf_built]
         reads_next = [(
             Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
             Mux(cur_valid, Value.cast(cur.rd_space), Value.cast(desc.rd_space)),
-            Mux(cur_valid, rd_adv, desc.rd_addr), Mux(cur_valid, rd_end_adv, rd_end_taken))]
+            Mux(cur_valid, rd_next, desc.rd_addr), Mux(cur_valid, rd_end_next, desc.rd_end))]
         for k in vrf_built:
             reads_next.append((
                 Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), vrf_space(k),
-                Mux(cur_valid, vv_adv[k], vv_base(desc, k)),
-                Mux(cur_valid, vv_end_adv[k], vv_end_taken[k])))
+                Mux(cur_valid, vv_next[k], vrf_base(desc.mfu, k)),
+                Mux(cur_valid, vv_end_next[k], desc.vv_end[k])))
         for port, (on, space, lo, hi) in zip(sb.reads_next, reads_next, strict=True):
             m.d.comb += [port.on.eq(on), port.space.eq(space), port.lo.eq(lo), port.hi.eq(hi)]
+        # The current iteration's write ranges; their ends kept beside the starts too.
+        it_wr_end = [Signal(a_bits + 1, name=f"it_wr_end{k}") for k in range(MAX_WRITES)]
+        with m.If(take):
+            m.d.sync += [it_wr_end[k].eq(desc.w_addr[k] + desc.length) for k in range(MAX_WRITES)]
         for k, port in enumerate(sb.issued):
             m.d.comb += [port.on.eq(cur.w_valid[k] & (cur.w_space[k] != Space.NETQ)),
                          port.space.eq(cur.w_space[k]), port.lo.eq(it_wr[k]),
-                         port.hi.eq((it_wr[k] + cur.length)[:a_bits + 1])]
+                         port.hi.eq(it_wr_end[k])]
 
         # The instance queues, one per unit.
         queues = {}
@@ -221,11 +229,16 @@ class Issuer(wiring.Component):
         for k in range(MAX_WRITES):
             m.d.comb += [wq_w.space[k].eq(cur.w_space[k]), wq_w.addr[k].eq(it_wr[k])]
         with m.If(issue):
-            m.d.sync += [it_rd.eq(rd_adv), it_mv.eq(it_mv + cur.mv_inc), left.eq(left - 1)]
-            m.d.sync += [it_vv[k].eq(vv_adv[k]) for k in range(vrfs)]
-            m.d.sync += it_rd_end.eq(rd_end_adv)
-            m.d.sync += [it_vv_end[k].eq(vv_end_adv[k]) for k in vrf_built]
+            m.d.sync += [it_rd.eq(rd_next), it_mv.eq(it_mv + cur.mv_inc), left.eq(left - 1)]
+            m.d.sync += [it_vv[k].eq(advanced(it_vv[k], cur.vv_inc[k])) for k in range(vrfs)]
+            m.d.sync += [rd_next.eq(advanced(rd_next, cur.rd_inc)),
+                         rd_end_next.eq(advanced(rd_end_next, cur.rd_inc))]
+            m.d.sync += [vv_next[k].eq(advanced(vv_next[k], cur.vv_inc[k])) for k in vrf_built]
+            m.d.sync += [vv_end_next[k].eq(advanced(vv_end_next[k], cur.vv_inc[k]))
+                         for k in vrf_built]
             m.d.sync += [it_wr[k].eq(it_wr[k] + cur.w_inc[k]) for k in range(MAX_WRITES)]
+            m.d.sync += [it_wr_end[k].eq(advanced(it_wr_end[k], cur.w_inc[k]))
+                         for k in range(MAX_WRITES)]
             with m.If(left == 1):
                 m.d.sync += cur_valid.eq(0)
 

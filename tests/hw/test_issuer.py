@@ -83,6 +83,9 @@ def random_chain(rng, config):
         c[("mfu", k, "mul_addr")] = rng.randrange(24)
     for k in range(vrfs):
         c[("vv_inc", k)] = rng.randrange(6)
+        # The ends the front end sums at the hand-off (checked_chain_layout).
+        c[("vv_end", k)] = vv_base(c, k) + length
+    c[("rd_end",)] = c[("rd_addr",)] + c[("extent",)]
     for k in range(MAX_WRITES):
         c[("w_space", k)] = rng.choice(SPACES).value
         c[("w_addr", k)] = rng.randrange(24)
