@@ -99,7 +99,8 @@ class HazardWalk(wiring.Component):
     length : ``In(config.mfu.length_bits)``
         ``L``, the native vectors of each range.
     last_iter : ``In(iteration_bits(config))``
-        The chain's iterations less one.
+        The chain's iterations less one; read a cycle late (registered), so final from
+        the cycle of ``to_check``, as ``length`` and ``ranges``.
     to_check : ``In(1)``
         The front end enters ``CHECK`` at the next clock edge.
     start : ``In(1)``
@@ -201,6 +202,11 @@ class HazardWalk(wiring.Component):
         # critical path at 57.9 MHz once the pick was off it); L is final at least four
         # cycles (v_rd, v_wr, end_chain, CHECK) before PICK.
         length = self.length
+        # The last iteration's index too (timing closure: iters - 1, a carry chain from
+        # the chain's ITERATIONS register, was in front of STEP's compare, the core
+        # alone's critical path at 67.2 MHz); iters is final before the chain's v_rd.
+        walk_last = Signal.like(self.last_iter)
+        m.d.sync += walk_last.eq(self.last_iter)
         walk_len = Signal.like(length)
         walk_neg = Signal(signed(len(length) + 1))      # -L
         walk_span2 = Signal(len(length) + 1)            # 2 * L
@@ -245,7 +251,7 @@ class HazardWalk(wiring.Component):
                 with m.If((hz_d > hz_lo) & (hz_d < hz_hi)):
                     m.d.comb += self.hazard.eq(1)
                     m.next = "IDLE"
-                with m.Elif((hz_i == self.last_iter) | ((hz_s > 0) & (hz_d >= hz_hi))
+                with m.Elif((hz_i == walk_last) | ((hz_s > 0) & (hz_d >= hz_hi))
                             | ((hz_s < 0) & (hz_d <= hz_lo))):
                     m.d.sync += at_pick.eq(1)
                     m.next = "PICK"
