@@ -339,6 +339,27 @@ async def test_opcodes_stalls(dut):
 
 
 @cocotb.test()
+async def test_reset_mid_request(dut):
+    """RESET zeroes every word wherever the requests before it left the executor: its MRF
+    cursor in the middle of the MRF (a WRITE and a READ that end there) and its vector
+    space at a VRF. The model zeroes all of its memories; the digest compares them."""
+    tb = LinkTB(dut, seed=4)
+    await tb.reset()
+    c, rng = tb.config, np.random.default_rng(7)
+    n = c.n
+    await tb.request(Opcode.WRITE, p.pack_access(Space.MRF.value, 0, 2 * n + 3)
+                     + mrf_words(rng, c, 2 * n + 3))
+    await tb.request(Opcode.WRITE, p.pack_access(Space.IVRF.value, 1, 3) + vectors(rng, 3, n))
+    vrf = list(vector_spaces(c))[-1].value
+    await tb.request(Opcode.WRITE, p.pack_access(vrf, 2, 2) + vectors(rng, 2, n))
+    await tb.request(Opcode.READ, p.pack_access(Space.MRF.value, n + 1, 1))
+    await tb.request(Opcode.READ, p.pack_access(vrf, 2, 1))
+    await tb.request(Opcode.RESET)
+    await tb.digest()
+    await tb.finish("reset mid request")
+
+
+@cocotb.test()
 async def test_errors(dut):
     """Every error reply; each followed by a valid request; state compared after each."""
     tb = LinkTB(dut, seed=2, idle=0.1, backpressure=0.2)

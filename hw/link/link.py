@@ -237,7 +237,6 @@ class NpuLink(wiring.Component):
         staged_word = Signal(64)      # P_SWRITE: the staged word, registered
         m.d.comb += [checks.staged.eq(staged), checks.staged_total.eq(staged_total)]
         source = Signal(ReadSource)   # READ/POP: where the words come from
-        zs = Signal(8)                # RESET: space being zeroed
         job = Signal(3)               # what the loaded words are for
         J_WVEC, J_WMRF, J_STAGE, J_PROG, J_PUSH = range(1, 6)
         m.d.comb += [loader.bytes.eq(wb), prescan.count.eq(count), prescan.at.eq(payload_at + 8),
@@ -245,6 +244,12 @@ class NpuLink(wiring.Component):
                      read_back.bytes.eq(wb), read_back.space.eq(space),
                      read_back.addr.eq(vaddr)]
         m.d.sync += idx_last.eq(idx == count - 1)
+        # A vector write's space and address straight from their registers, whatever the
+        # state (W_VEC's request; RESET zeroes `space` after `space`, from IVRF): the
+        # core's `ready` for the write checks the address against the space's depth, and
+        # fed this FSM's registers in the same cycle with the state's multiplexer in front
+        # of the check (issue 36, timing: the board's critical path at 62.26 MHz).
+        m.d.comb += [core.vec_w.payload.space.eq(space), core.vec_w.payload.addr.eq(vaddr)]
         with m.If(read_back.addr_step):
             m.d.sync += vaddr.eq(vaddr + 1)
 
@@ -407,8 +412,11 @@ class NpuLink(wiring.Component):
                         with m.Elif(h_op == Opcode.STATUS.value):
                             reply(Status.OK, 1 + t.length("status"), "status")
                         with m.Elif(h_op == Opcode.RESET.value):
-                            m.d.comb += core.soft_reset.eq(1)
-                            m.d.sync += [staged.eq(0), zs.eq(Space.IVRF.value),
+                            # The MRF cursor goes to word 0 here, for Z_MRF: nothing
+                            # moves it while the vectors are zeroed, and so its clear is
+                            # not behind the vector writes' handshake.
+                            m.d.comb += [core.soft_reset.eq(1), cursor.clear.eq(1)]
+                            m.d.sync += [staged.eq(0), space.eq(Space.IVRF.value),
                                          vaddr.eq(0)]
                             m.next = "Z_VEC"
                         with m.Else():
@@ -438,8 +446,6 @@ class NpuLink(wiring.Component):
 
             with m.State("W_VEC"):
                 m.d.comb += [core.vec_w.valid.eq(1),
-                             core.vec_w.payload.space.eq(space),
-                             core.vec_w.payload.addr.eq(vaddr),
                              core.vec_w.payload.values.eq(word[:16 * n])]
                 with m.If(core.vec_w.ready):
                     m.d.sync += vaddr.eq(vaddr + 1)
@@ -528,17 +534,15 @@ class NpuLink(wiring.Component):
 
             # --- RESET: the core's registers, then every memory word to zero -------------
             def zero_next_space():
-                m.d.sync += [vaddr.eq(0), zs.eq(zs + 1)]
-                with m.If(zs == Space.IVRF.value + vrf_spaces):
-                    m.d.comb += cursor.clear.eq(1)
+                m.d.sync += [vaddr.eq(0), space.eq(space + 1)]
+                with m.If(space == Space.IVRF.value + vrf_spaces):
                     m.next = "Z_MRF"
 
             def zero_space():
-                m.d.comb += [core.vec_w.valid.eq(1), core.vec_w.payload.space.eq(zs),
-                             core.vec_w.payload.addr.eq(vaddr)]
+                m.d.comb += core.vec_w.valid.eq(1)
                 with m.If(core.vec_w.ready):
                     m.d.sync += vaddr.eq(vaddr + 1)
-                    last = vaddr == Mux(zs == Space.IVRF.value, c.ivrf_depth,
+                    last = vaddr == Mux(space == Space.IVRF.value, c.ivrf_depth,
                                         c.vrf_depth) - 1
                     with m.If(last):
                         zero_next_space()
@@ -549,7 +553,7 @@ class NpuLink(wiring.Component):
                 else:
                     # A VRF the unit sets leave out: nothing to zero (the core would
                     # refuse the writes).
-                    with m.If(~vector_space_exists(c, zs)):
+                    with m.If(~vector_space_exists(c, space)):
                         zero_next_space()
                     with m.Else():
                         zero_space()

@@ -9,7 +9,8 @@ same component, name and configuration as the simulated-board transport of
 
 What runs where (``RUN``): the Verilated model itself sets the speed (~1,300 cycles/s
 at ``-O1`` on the loaded development machine, Icarus ~20 times fewer), so Verilator runs
-``test_opcodes``, ``test_errors`` and a short fuzz (``FUZZ``), Icarus ``test_opcodes``,
+``test_opcodes``, ``test_reset_mid_request``, ``test_errors`` and a short fuzz
+(``FUZZ``), Icarus ``test_opcodes``,
 each simulator's tests in one simulation. ``test_opcodes_stalls`` and the long fuzz
 (``LINK_FUZZ=10000 LINK_SEED=7``) are run by hand; ``docs/link-hw.md`` section 7 has the
 commands, run times and results.
@@ -26,7 +27,7 @@ from sim.board import SIM_TRUNCATE_CYCLES, SMALL_CONFIG as CONFIG, run_board
 FUZZ, SEED = 300, 2
 #: The bench's tests the regression runs, per simulator (see the module docstring;
 #: ``test_opcodes_stalls`` by hand: ``test_errors`` and ``test_fuzz`` stall both streams).
-RUN = {"verilator": ("test_opcodes", "test_errors", "test_fuzz"),
+RUN = {"verilator": ("test_opcodes", "test_reset_mid_request", "test_errors", "test_fuzz"),
        "icarus": ("test_opcodes",)}
 
 
