@@ -350,7 +350,7 @@ async def test_reset_mid_request(dut):
     await tb.request(Opcode.WRITE, p.pack_access(Space.MRF.value, 0, 2 * n + 3)
                      + mrf_words(rng, c, 2 * n + 3))
     await tb.request(Opcode.WRITE, p.pack_access(Space.IVRF.value, 1, 3) + vectors(rng, 3, n))
-    vrf = list(vector_spaces(c))[-1].value
+    vrf = vector_spaces(c)[-1].value
     await tb.request(Opcode.WRITE, p.pack_access(vrf, 2, 2) + vectors(rng, 2, n))
     await tb.request(Opcode.READ, p.pack_access(Space.MRF.value, n + 1, 1))
     await tb.request(Opcode.READ, p.pack_access(vrf, 2, 1))

@@ -402,7 +402,8 @@ class FrontEnd(wiring.Component):
                 ]
                 # The read ranges' ends, summed here from the values desc takes (with
                 # its widths), so that the issuer compares registers.
-                m.d.sync += desc.rd_end.eq(rd_op[:len(desc.rd_addr)] + plan.extent[:len(desc.extent)])
+                m.d.sync += desc.rd_end.eq(rd_op[:len(desc.rd_addr)]
+                                           + plan.extent[:len(desc.extent)])
                 for k in range(vrfs):
                     m.d.sync += [desc.vv_inc[k].eq(vv_inc[k]),
                                  desc.vv_end[k].eq(vrf_base(mcfg_regs, k) + length)]

@@ -38,6 +38,7 @@ from host.spec.isa import ErrorCode, Space, vector_spaces
 from host.spec.counters import MVM_COUNTERS, counter_names
 from host.spec.protocol import Opcode, Status
 
+from hw.core.host_access import vector_space_depth
 from hw.core.npu import HOST_ADDR_BITS, PROGRAM_ADDR_BITS, NpuCore, vector_space_exists
 from hw.link.checks import RequestChecks
 from hw.link.executor import (MrfCursor, MrfPrescan, ReadBack, ReadSource, ReplyEmitter,
@@ -542,8 +543,7 @@ class NpuLink(wiring.Component):
                 m.d.comb += core.vec_w.valid.eq(1)
                 with m.If(core.vec_w.ready):
                     m.d.sync += vaddr.eq(vaddr + 1)
-                    last = vaddr == Mux(space == Space.IVRF.value, c.ivrf_depth,
-                                        c.vrf_depth) - 1
+                    last = vaddr == vector_space_depth(c, space) - 1
                     with m.If(last):
                         zero_next_space()
 
