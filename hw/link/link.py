@@ -297,6 +297,14 @@ class NpuLink(wiring.Component):
         is_mrf = sp == Space.MRF.value
         is_read = h_op == Opcode.READ.value
 
+        # RESET's soft reset comes from a flip-flop, a cycle after the decode: the
+        # request's checks and the reply's hold logic would otherwise drive the core's
+        # reset buffer, and from it the reset's loads off the global line (hw.ecp5),
+        # across the die. Z_VEC waits out that cycle, the core's reset.
+        soft_reset = Signal()
+        m.d.sync += soft_reset.eq(0)
+        m.d.comb += core.soft_reset.eq(soft_reset)
+
         with m.FSM(name="link"):
             with m.State("START"):
                 m.next = "RECV"           # as ReplyFramer's START
@@ -416,8 +424,9 @@ class NpuLink(wiring.Component):
                             # The MRF cursor goes to word 0 here, for Z_MRF: nothing
                             # moves it while the vectors are zeroed, and so its clear is
                             # not behind the vector writes' handshake.
-                            m.d.comb += [core.soft_reset.eq(1), cursor.clear.eq(1)]
-                            m.d.sync += [staged.eq(0), space.eq(Space.IVRF.value),
+                            m.d.comb += cursor.clear.eq(1)
+                            m.d.sync += [soft_reset.eq(1), staged.eq(0),
+                                         space.eq(Space.IVRF.value),
                                          vaddr.eq(0)]
                             m.next = "Z_VEC"
                         with m.Else():
@@ -548,15 +557,16 @@ class NpuLink(wiring.Component):
                         zero_next_space()
 
             with m.State("Z_VEC"):
-                if len(vector_spaces(c)) == 1 + vrf_spaces:
-                    zero_space()
-                else:
-                    # A VRF the unit sets leave out: nothing to zero (the core would
-                    # refuse the writes).
-                    with m.If(~vector_space_exists(c, space)):
-                        zero_next_space()
-                    with m.Else():
+                with m.If(~soft_reset):     # else the core is in reset this cycle
+                    if len(vector_spaces(c)) == 1 + vrf_spaces:
                         zero_space()
+                    else:
+                        # A VRF the unit sets leave out: nothing to zero (the core
+                        # would refuse the writes).
+                        with m.If(~vector_space_exists(c, space)):
+                            zero_next_space()
+                        with m.Else():
+                            zero_space()
             with m.State("Z_MRF"):
                 m.d.comb += [mrf_w.valid.eq(1), mrf_w.payload.engine.eq(cursor.engine),
                              mrf_w.payload.row.eq(cursor.row),
