@@ -62,7 +62,7 @@ help:
 	@echo "make sysdeps    iverilog plus the C++ compiler and Perl that Verilator needs"
 	@echo "make sim        cocotb simulation tests, SIM=verilator (default) or SIM=icarus"
 	@echo "make test       whole pytest suite, both simulators, JOBS=$(JOBS) workers"
-	@echo "make soak       long runs: 1,000 exported random programs, every float32 to FP16"
+	@echo "make soak       long runs: 1,000 exported random programs, every float32 to FP16, all TestFloat on Icarus"
 	@echo "make bench      run the benchmarks (python -m bench)"
 	@echo "make demo       the model zoo end to end: accuracy table, one model on the simulated board, plots in build/demo"
 	@echo "make zoo        retrain and re-export the model zoo (pip install '.[train]'; python -m zoo.train)"
@@ -110,11 +110,15 @@ sim: venv sysdeps
 test: venv sysdeps
 	cd $(ROOT) && $(PYTEST) -n $(JOBS) --dist worksteal --durations=25 --tb=short $(ARGS)
 
-# The issue's 1,000 random programs through the NumPy export (make test runs 36), and
-# fp16.round_to_bits over every float32 pattern (make test sweeps one block of 2**26).
-soak: venv
+# The issue's 1,000 random programs through the NumPy export (make test runs 36),
+# fp16.round_to_bits over every float32 pattern (make test sweeps one block of 2**26), and
+# every TestFloat case through the FP16 binary unit, fabric and ECP5 forms, under Icarus
+# (make test: a sample; Verilator runs every case there).
+soak: venv sysdeps
 	cd $(ROOT) && NPU_EXPORT_PROGRAMS=1000 NPU_SOAK=1 $(PYTEST) -n $(JOBS) --durations=10 \
-		tests/compiler/test_export.py tests/numerics/test_round_to_bits.py $(ARGS)
+		tests/compiler/test_export.py tests/numerics/test_round_to_bits.py \
+		"tests/hw/test_fp16_arith_hw.py::test_conformance[icarus]" \
+		"tests/hw/test_dsp_hw.py::test_binary_ecp5[icarus]" $(ARGS)
 
 bench: venv
 	cd $(ROOT) && $(VENV_PY) -m bench $(ARGS)

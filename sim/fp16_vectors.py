@@ -6,6 +6,8 @@ same stimulus:
 
 * :func:`find_testfloat` / :func:`read_testfloat`: Berkeley TestFloat 3 vectors from the
   conformance folder (``$NPU_CONFORMANCE_DIR``, else ``<repo>/tests/data/conformance``).
+* :func:`conformance_cases`: which cases of a file a simulator runs (Icarus a seeded
+  random share, :data:`ICARUS_TESTFLOAT_CASES`; every case on Verilator and in a soak).
 * :func:`max_from_compare`: the expected IEEE 754-2019 ``maximum`` derived from TestFloat's
   ``f16_lt`` / ``f16_le`` results.
 * :data:`SPECIALS` and :func:`random_pairs`: directed and random operand pairs.
@@ -24,8 +26,8 @@ import numpy as np
 
 __all__ = [
     "conformance_dir", "find_testfloat", "TestFloatVectors", "read_testfloat",
-    "max_from_compare", "FLAG_OVERFLOW", "FLAG_INVALID", "SPECIALS", "random_pairs",
-    "is_nan",
+    "conformance_cases", "take_sample", "ICARUS_TESTFLOAT_CASES", "max_from_compare",
+    "FLAG_OVERFLOW", "FLAG_INVALID", "SPECIALS", "random_pairs", "is_nan",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +77,40 @@ class TestFloatVectors(NamedTuple):
 
 # pytest would otherwise try to collect the NamedTuple as a test class.
 TestFloatVectors.__test__ = False
+
+#: TestFloat cases per file under Icarus in ``make test`` (of 46,464): Icarus runs the
+#: binary unit about 15 times slower than Verilator, which runs every case, and the
+#: full files under Icarus were two of the regression's longest tests.
+ICARUS_TESTFLOAT_CASES = 12_000
+
+
+def conformance_cases(simulator: str) -> int:
+    """TestFloat cases per file the HDL benches run under ``simulator``: 0 (every case)
+    on Verilator and with ``NPU_SOAK=1`` (``make soak``), else
+    :data:`ICARUS_TESTFLOAT_CASES`, for ``take_sample``."""
+    if simulator == "verilator" or os.environ.get("NPU_SOAK") == "1":
+        return 0
+    return ICARUS_TESTFLOAT_CASES
+
+
+def take_sample(v: TestFloatVectors, cases: int, seed: int) -> TestFloatVectors:
+    """``cases`` of the file's cases, drawn at random with ``seed`` and kept in file order
+    (0: all of them). A random draw, not a stride: a file lists the products of a set of
+    operands row by row, and a stride that divides the row length would keep only some
+    second operands.
+
+    Raises
+    ------
+    ValueError
+        ``cases`` negative or above the file's count.
+    """
+    n = len(v.a)
+    if not 0 <= cases <= n:
+        raise ValueError(f"cases must be 0 (all) to {n}, not {cases}")
+    if cases in (0, n):
+        return v
+    keep = np.sort(np.random.default_rng(seed).choice(n, cases, replace=False))
+    return TestFloatVectors(*(column[keep] for column in v))
 
 
 def read_testfloat(path) -> TestFloatVectors:

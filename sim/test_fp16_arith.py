@@ -5,7 +5,8 @@ are interleaved, so the run-time operation switch is exercised all the time. Eve
 output lane is checked, in order: result bits, ``overflow`` and ``nan_created``.
 
 * ``test_conformance``: Berkeley TestFloat ``f16_add``, ``f16_sub`` (also as ``b_sub_a``
-  with the operands swapped) and ``f16_mul`` (``.rne``), all 46,464 cases each, NaN
+  with the operands swapped) and ``f16_mul`` (``.rne``), all 46,464 cases each (or a
+  seeded random ``FP16A_TESTFLOAT_CASES`` of each file: Icarus in ``make test``), NaN
   results exactly ``0x7E00``, ``overflow`` equal to TestFloat's overflow flag and
   ``nan_created`` to its invalid flag without a NaN operand; ``max`` against the maximum
   derived from ``f16_lt`` and ``f16_le`` (:func:`sim.fp16_vectors.max_from_compare`).
@@ -19,13 +20,16 @@ back-pressure (the bus models of ``sim.stream``); a monitor checks that a stalle
 holds its payload, and the bench that nothing comes out that did not go in.
 
 Parameters from the environment (set by the pytest wrapper): ``FP16A_LANES``,
-``FP16A_LATENCY``, ``FP16A_COUNT`` (random pairs per ``test_model`` run).
+``FP16A_LATENCY``, ``FP16A_COUNT`` (random pairs per ``test_model`` run),
+``FP16A_TESTFLOAT_CASES`` (cases per TestFloat file, 0 for all:
+:func:`sim.fp16_vectors.conformance_cases`).
 """
 
 from __future__ import annotations
 
 import os
 import random
+import zlib
 
 import cocotb
 import numpy as np
@@ -35,13 +39,14 @@ from host.spec.ops import BinaryOp
 from host.numerics.fp16 import binary_bits, binary_events_bits
 from sim.fp16_vectors import (
     FLAG_INVALID, FLAG_OVERFLOW, SPECIALS, find_testfloat, is_nan, max_from_compare,
-    random_pairs, read_testfloat,
+    random_pairs, read_testfloat, take_sample,
 )
 from sim.stream import UnitBench
 
 LANES = int(os.environ.get("FP16A_LANES", "8"))
 LATENCY = int(os.environ.get("FP16A_LATENCY", "6"))
 COUNT = int(os.environ.get("FP16A_COUNT", "20000"))
+TESTFLOAT_CASES = int(os.environ.get("FP16A_TESTFLOAT_CASES", "0"))
 
 
 # --- vectors: (op, a lanes, b lanes, expected result, overflow, nan_created) ----------------
@@ -98,14 +103,20 @@ class Vector:
         return bad
 
 
-def testfloat_batches() -> list[Batch]:
-    """Every TestFloat case of add, sub (as a - b and as b - a), mul, and max from lt/le."""
+def testfloat_batches(cases: int = 0) -> list[Batch]:
+    """The TestFloat cases of add, sub (as a - b and as b - a), mul, and max from lt/le:
+    every case, or a seeded random ``cases`` of each file (the same for every run)."""
     batches = []
+
+    def read(name):
+        # A seed per file: the files list the same operand pairs in the same order.
+        return take_sample(read_testfloat(find_testfloat(name)), cases,
+                           seed=zlib.crc32(name.encode()))
     for op, name, swap in [(BinaryOp.ADD, "f16_add.rne.txt.gz", False),
                            (BinaryOp.A_SUB_B, "f16_sub.rne.txt.gz", False),
                            (BinaryOp.B_SUB_A, "f16_sub.rne.txt.gz", True),
                            (BinaryOp.MUL, "f16_mul.rne.txt.gz", False)]:
-        v = read_testfloat(find_testfloat(name))
+        v = read(name)
         a, b = (v.b, v.a) if swap else (v.a, v.b)
         result = np.where(is_nan(v.result), CANONICAL_NAN, v.result).astype(np.uint16)
         overflow = (v.flags & FLAG_OVERFLOW) != 0
@@ -113,7 +124,7 @@ def testfloat_batches() -> list[Batch]:
         created = ((v.flags & FLAG_INVALID) != 0) & ~is_nan(a) & ~is_nan(b)
         batches.append(Batch(op, a, b, result, overflow, created, f"{name} as {op.name}"))
     for name in ("f16_lt.rne.txt.gz", "f16_le.rne.txt.gz"):
-        v = read_testfloat(find_testfloat(name))
+        v = read(name)
         none = np.zeros(len(v.a), dtype=bool)
         batches.append(Batch(BinaryOp.MAX, v.a, v.b, max_from_compare(v.a, v.b, v.result),
                              none, none, f"max from {name}"))
@@ -198,11 +209,12 @@ async def test_latency(dut):
 @cocotb.test()
 @cocotb.parametrize(stalls=[False, True])
 async def test_conformance(dut, stalls):
-    """TestFloat add/sub/mul (all cases) and max from lt/le; bits and flags exact."""
+    """TestFloat add/sub/mul and max from lt/le (all cases, or ``TESTFLOAT_CASES`` of each
+    file); bits and flags exact."""
     tb = TB(dut, stalls)
     await tb.start()
-    batches = testfloat_batches()
-    assert all(len(b.a) == 46_464 for b in batches)
+    batches = testfloat_batches(TESTFLOAT_CASES)
+    assert all(len(b.a) == (TESTFLOAT_CASES or 46_464) for b in batches)
     await tb.run(interleave(tb.rng, batches), "TestFloat")
 
 

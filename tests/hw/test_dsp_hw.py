@@ -7,10 +7,11 @@ use), ``Fp16Binary`` and ``Fp16Unary`` instantiate the primitive; the HDL simula
 them on the model ``sim/models/MULT18X18D.v`` with the units' own cocotb benches, bit-exact
 against the reference model as the fabric form is (``tests/hw/test_fp16_arith_hw.py``,
 ``tests/hw/test_fp16_unary_hw.py``): TestFloat vectors, random pairs and the latency for the
-binary unit, every FP16 input of every unary op (Verilator; Icarus a sample), with and
-without stalls; the MVM with some of each dot-product engine's products on DSP blocks
-(``dsp_lanes``) runs the MVM's own bench (``tests/hw/test_mvm_hw.py``). Structural checks:
-where the instances are and are not, and the operand limits.
+binary unit (Icarus a sample of TestFloat and fewer random pairs), every FP16 input of
+every unary op (Verilator; Icarus a sample), with and without stalls; the MVM with some
+of each dot-product engine's products on DSP blocks (``dsp_lanes``) runs the MVM's own
+bench (``tests/hw/test_mvm_hw.py``). Structural checks: where the instances are and are
+not, and the operand limits.
 """
 
 import re
@@ -30,7 +31,7 @@ from hw.arith.fp16_arith import Fp16Binary
 from hw.arith.fp16_unary import Fp16Unary
 from hw.mvm.mvm import Mvm
 from hw.mvm.tile_engine import DotProductEngine
-from sim.fp16_vectors import find_testfloat
+from sim.fp16_vectors import conformance_cases, find_testfloat
 from sim.runner import ECP5_MODELS, run_cocotb
 from sim.test_mvm import config_env
 
@@ -61,7 +62,8 @@ def test_binary_ecp5(simulator):
         testcase=",".join(["test_latency", *(f"test_conformance{s}" for s in STALLS),
                            *(f"test_model{s}" for s in STALLS)]),
         extra_env={"FP16A_LANES": str(lanes), "FP16A_LATENCY": str(dut.latency),
-                   "FP16A_COUNT": str(count)},
+                   "FP16A_COUNT": str(count),
+                   "FP16A_TESTFLOAT_CASES": str(conformance_cases(simulator))},
     )
 
 

@@ -3,8 +3,9 @@
 
 * Simulator tests (cocotb bench ``sim/test_fp16_arith.py``, Verilator and Icarus, 8 lanes):
   every TestFloat ``f16_add``/``f16_sub``/``f16_mul`` case (sub also as ``b_sub_a``) and
-  ``max`` from ``f16_lt``/``f16_le``, and special plus random pairs against
-  :mod:`host.numerics.fp16`, each with and without input gaps and output back-pressure, the
+  ``max`` from ``f16_lt``/``f16_le`` (Icarus a seeded random 12,000 of each file's
+  46,464, every case with ``NPU_SOAK=1``: :func:`sim.fp16_vectors.conformance_cases`), and
+  special plus random pairs against :mod:`host.numerics.fp16`, each with and without input gaps and output back-pressure, the
   operation changing from vector to vector; the latency.
 * Amaranth's own simulator on one and three lanes (every pair of special operands).
 * Constructor validation and the payload layouts.
@@ -14,6 +15,8 @@ The TestFloat files are looked up in ``$NPU_CONFORMANCE_DIR`` or else in
 fail.
 """
 
+from collections import Counter
+
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
@@ -21,7 +24,9 @@ from amaranth.sim import Simulator
 from host.spec.ops import BinaryOp
 from host.numerics.fp16 import binary_bits, binary_events_bits
 from hw.arith.fp16_arith import LATENCY, Fp16Binary, input_layout, output_layout
-from sim.fp16_vectors import SPECIALS, find_testfloat, random_pairs
+from sim.fp16_vectors import (
+    SPECIALS, conformance_cases, find_testfloat, random_pairs, read_testfloat, take_sample,
+)
 from sim.runner import run_cocotb
 
 BENCH = "sim.test_fp16_arith"
@@ -46,6 +51,7 @@ def run_bench(simulator, *, lanes, testcases, count=0):
             "FP16A_LANES": str(lanes),
             "FP16A_LATENCY": str(dut.latency),
             "FP16A_COUNT": str(count),
+            "FP16A_TESTFLOAT_CASES": str(conformance_cases(simulator)),
         },
     )
 
@@ -63,6 +69,32 @@ def test_model(simulator):
     # Verilator runs about 15 times faster than Icarus: give it ten times the pairs.
     count = 400_000 if simulator == "verilator" else 40_000
     run_bench(simulator, lanes=8, count=count, testcases=_cases("test_model"))
+
+
+def test_conformance_cases(monkeypatch):
+    """Icarus's share of TestFloat: ``cases`` lines of the file, none twice, in file order,
+    another draw for another seed; every line on Verilator and in a soak."""
+    v = read_testfloat(find_testfloat("f16_add.rne.txt.gz"))
+    rows = Counter(tuple(map(int, r)) for r in zip(*v))     # the file repeats some lines
+    monkeypatch.delenv("NPU_SOAK", raising=False)
+    assert conformance_cases("verilator") == 0
+    cases = conformance_cases("icarus")
+    assert 0 < cases < len(v.a)
+    monkeypatch.setenv("NPU_SOAK", "1")
+    assert conformance_cases("icarus") == 0
+    one, other = take_sample(v, cases, seed=1), take_sample(v, cases, seed=2)
+    for s in (one, other):
+        lines = [tuple(map(int, r)) for r in zip(*s)]
+        assert len(lines) == cases and Counter(lines) <= rows
+        order = [np.flatnonzero((v.a == a) & (v.b == b))[0] for a, b, *_ in lines[:200]]
+        assert order == sorted(order)
+    assert not np.array_equal(one.a, other.a)
+    # The file repeats its operand pairs for every operation: a seed per file (the
+    # bench's) gives another sample of pairs for each operation.
+    assert take_sample(v, 0, seed=1) is v
+    for bad in (-1, len(v.a) + 1):
+        with pytest.raises(ValueError, match=f"cases must be 0 \\(all\\) to {len(v.a)}, not {bad}"):
+            take_sample(v, bad, seed=0)
 
 
 # --- Amaranth simulator: every pair of special operands, odd lane counts ------------------
