@@ -340,16 +340,23 @@ async def setup(dut, stalls=False):
     return tb
 
 
-async def fresh(tb):
-    """Soft reset of the core and a new model (memories: the bench rewrites what it uses)."""
+async def fresh(tb, verified=None):
+    """Soft reset of the core and a new model (memories: the bench rewrites what it uses).
+
+    Memories survive a soft reset, so both sides are made equal again: every vector
+    zeroed on both, or, with ``verified`` (a model whose memories ``TB.compare`` has just
+    found equal to the core's), the new model takes that model's vectors and the core
+    keeps its own. ``test_illegal`` runs many small cases: writing every vector before
+    each was most of its simulation."""
     await tb.pulse("soft_reset")
     await RisingEdge(tb.dut.clk)
     model = NpuModel(tb.cfg)
-    # Memories survive a soft reset; make both sides equal again.
     for space in tb.spaces:
         depth = tb.cfg.ivrf_depth if space is Space.IVRF else tb.cfg.vrf_depth
-        zeros = np.zeros((depth, tb.n), np.uint16)
-        tb.write_vectors(space, 0, zeros)
+        if verified is None:
+            tb.write_vectors(space, 0, np.zeros((depth, tb.n), np.uint16))
+        else:
+            model.write(space, 0, verified.read(space, 0, depth))
     await tb.drain("vec_w")
     return model
 
@@ -529,8 +536,9 @@ async def test_illegal(dut):
     fmt = dict(n=n, big=2 * n, maxcols=cfg.max_col_tiles * n, mrf=cfg.mrf_depth,
                netq=cfg.netq_depth, ivrf=cfg.ivrf_depth, vrf_m2=cfg.vrf_depth - 2,
                vrf_m1=cfg.vrf_depth - 1)
+    model = None
     for what, text, code in ILLEGAL:
-        model = await fresh(tb)
+        model = await fresh(tb, verified=model)
         if isinstance(text, str):
             prog = img.program(text.format(**fmt), checked=False)
         else:
@@ -547,7 +555,7 @@ async def test_illegal(dut):
         assert ErrorCode(int(dut.error.value)) is ErrorCode.NONE, f"{what}: not cleared"
     # No program: a soft reset forgets the length (the words of the last program stay in
     # program memory, and must not run): PROGRAM_RANGE at pc 0, as the model says.
-    model = await fresh(tb)
+    model = await fresh(tb, verified=model)
     result = model.run()
     hw = await tb.run()
     await tb.compare(model, "no program", result, hw)
