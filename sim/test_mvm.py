@@ -14,8 +14,9 @@ Parameters come from the environment (set by ``tests/hw/test_mvm_hw.py``): ``MVM
 ``MVM_COUNTER_BITS``, ``MVM_NARROW_CHECK`` (1 or 0; the build), ``MVM_PRODUCTS``
 (random products per stall setting, default 60), ``MVM_RESULTS`` (where
 ``test_tile_independence`` writes its outputs and counters, to be compared across builds;
-the test skips itself without it) and ``MVM_MATRICES`` (its number of matrices, 3
-products each, default 12).
+the test skips itself without it), ``MVM_MATRICES`` (its number of matrices, 3
+products each, default 12) and ``MVM_CYCLE_SHAPES`` (how many of ``test_cycles``'s
+shapes it times, from the first, besides the full-depth one; 0, the default, all).
 """
 
 from __future__ import annotations
@@ -686,6 +687,7 @@ async def test_cycles(dut):
               (2, 1), (4, 1), (5, 1), (6, 1), (8, 1), (2, 2), (3, 2), (4, 2), (5, 2),
               (2, 4), (3, 4), (4, 4), (6, 4), (2, 6), (4, 6), (6, 6), (8, 6)]
     shapes = [(r, cc) for r, cc in shapes if c.slots_needed(r, cc) <= c.mrf_depth]
+    shapes = shapes[:int(os.environ.get("MVM_CYCLE_SHAPES", "0")) or len(shapes)]
     shapes.append((c.mrf_depth // c.col_groups_max, c.max_col_tiles))
     for big_r, big_c in shapes:
         tb.next_base = 0

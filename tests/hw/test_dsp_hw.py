@@ -34,6 +34,7 @@ from hw.mvm.tile_engine import DotProductEngine
 from sim.fp16_vectors import conformance_cases, find_testfloat
 from sim.runner import ECP5_MODELS, run_cocotb
 from sim.test_mvm import config_env
+from tests.hw.test_mvm_hw import CYCLE_SHAPES
 
 STALLS = ("/stalls=False", "/stalls=True")
 
@@ -105,6 +106,7 @@ def test_mvm_ecp5(simulator, packing):
             **config_env(c),
             "MVM_PRODUCTS": "6" if simulator == "verilator" else "2",
             "MVM_MATRICES": "2",
+            "MVM_CYCLE_SHAPES": CYCLE_SHAPES[simulator],
         },
     )
 
