@@ -217,16 +217,20 @@ class PlanCheck(wiring.Component):
         # docs/link-hw.md section 5). Each holds one product in its cycle (a product of
         # three, or two products and a sum, was the core alone's path at 52.2 and 54.5
         # MHz): win_area is final with pix, a cycle after the registers, so cols_t is
-        # final when pix * win_w * win_h was; win_rows is final a cycle after the
-        # registers and win_cols a cycle after pix, so their sum is final when the
-        # registered sum was.
+        # final when pix * win_w * win_h was; win_rows (after win_h - 1, a register of
+        # its own: the decrement in front of the multiplier was the core alone's path at
+        # 61.8 MHz, synthesized without keep_flops) and win_cols (after pix) are final
+        # two cycles after the registers, so their sum is final when the registered
+        # sum was.
         win_area = Signal(len(r.win_w) + len(r.win_h))           # win_w * win_h
         m.d.sync += win_area.eq(r.win_w * r.win_h)
         cols_t = self.cols_t
         m.d.sync += cols_t.eq(pix * win_area)
+        win_h_less = Signal(signed(len(r.win_h) + 1))             # win_h - 1
         win_rows = Signal(len(r.win_h) + len(r.pitch))            # (win_h - 1) * pitch
         win_cols = Signal(len(r.win_w) + len(pix))                # win_w * pix
-        m.d.sync += [win_rows.eq((r.win_h - 1) * r.pitch), win_cols.eq(r.win_w * pix)]
+        m.d.sync += [win_h_less.eq(r.win_h - 1), win_rows.eq(win_h_less * r.pitch),
+                     win_cols.eq(r.win_w * pix)]
         window_extent = Signal(max(len(win_rows), len(win_cols)) + 1)
         m.d.comb += window_extent.eq(win_rows + win_cols)
         groups = Signal(range(c.max_col_tiles + 1))
@@ -257,9 +261,15 @@ class PlanCheck(wiring.Component):
         m.d.sync += e_cols.eq(has_mv & (cols_t > c.max_col_tiles))
         e_static = Signal()
         m.d.sync += e_static.eq(has_mv & r.q_static & (r.q_exponent > MAX_EXPONENT_CODE))
+        # iters - 1 registered for mrf_prod alone (the decrement's carry chain in front of
+        # the product's multiplier was the core alone's path at 60.0 MHz, synthesized
+        # without keep_flops): mrf_prod is then final two cycles after the registers,
+        # no later than mrf_base (three: pix, cols_t, mrf_base), so e_mrf is final when
+        # it was.
+        iters_less = Signal.like(last_iter)
         mrf_prod = Signal(prod_bits)
         mrf_base = Signal(len(ch.mv_op) + len(length) + len(groups) + 1)
-        m.d.sync += [mrf_prod.eq(last_iter * ch.mv_inc),
+        m.d.sync += [iters_less.eq(r.iters - 1), mrf_prod.eq(iters_less * ch.mv_inc),
                      mrf_base.eq(ch.mv_op + length * groups)]
         e_mrf = Signal()
         m.d.sync += e_mrf.eq(has_mv & (mrf_prod + mrf_base > c.mrf_depth))
