@@ -14,11 +14,25 @@ from sim.runner import run_cocotb
 WIDTH = 8
 
 
+class SmokeSum(wiring.Component):
+    """``o = (a + b) mod 2**width``, combinational: a submodule, so that the bench can
+    check which signals the simulator shows (``sim.runner.VERILATOR_PUBLIC_ARGS``)."""
+
+    def __init__(self, width):
+        super().__init__({"a": In(width), "b": In(width), "o": Out(width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.o.eq(self.a + self.b)     # truncates: wraps mod 2**width
+        return m
+
+
 class SmokeAdder(wiring.Component):
     """``o.payload = (a + b) mod 2**width`` one cycle after an ``i`` transfer.
 
     A one-entry pipeline register with standard stream handshakes: it takes a new input
-    whenever its register is empty or being emptied in the same cycle.
+    whenever its register is empty or being emptied in the same cycle. The sum is a
+    submodule's (``sum``).
     """
 
     def __init__(self, width=WIDTH):
@@ -31,12 +45,11 @@ class SmokeAdder(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         i, o = self.i_stream, self.o_stream
-        m.d.comb += i.ready.eq(~o.valid | o.ready)
+        m.submodules.sum = total = SmokeSum(self.width)
+        m.d.comb += [total.a.eq(i.payload.a), total.b.eq(i.payload.b),
+                     i.ready.eq(~o.valid | o.ready)]
         with m.If(i.ready):
-            m.d.sync += [
-                o.valid.eq(i.valid),
-                o.payload.eq(i.payload.a + i.payload.b),  # truncates: wraps mod 2**width
-            ]
+            m.d.sync += [o.valid.eq(i.valid), o.payload.eq(total.o)]
         return m
 
 
