@@ -78,4 +78,3 @@ async def test_only_the_top_is_public(dut):
     dut.i_stream__payload.value = 3 | (4 << WIDTH)
     await ReadOnly()
     assert int(dut.sum.o.value) == 7
-
