@@ -132,8 +132,13 @@ class FrontEnd(wiring.Component):
         pend_index = Signal(PROGRAM_ADDR_BITS + 1)
         done = Signal()
         cycles = Signal(32)
-        m.d.comb += [self.error.eq(err_code), self.pc.eq(pend_index), self.done.eq(done),
-                     self.cycles.eq(cycles)]
+        # A hazard the walk found is flagged here (HAZARD) and moved into pend_code and
+        # pend_index by DRAIN, which always follows: the walk's answer then reaches one
+        # flip-flop, not the failure's code and index multiplexers (timing closure: with
+        # them it ended the core's critical path, 66.7 MHz). `pc` and the run's error
+        # read through the flag, so every output has the value of every cycle it had.
+        hz_fail = Signal()
+        m.d.comb += [self.error.eq(err_code), self.done.eq(done), self.cycles.eq(cycles)]
         with m.If(self.error_clear):
             m.d.sync += err_code.eq(ErrorCode.NONE)
 
@@ -182,6 +187,7 @@ class FrontEnd(wiring.Component):
         # Chain being parsed (hw.core.plan.parsed_chain_layout), and its MFU allocation.
         chain = Signal(parsed_chain_layout(c))
         at = chain.at                               # index of its v_rd
+        m.d.comb += self.pc.eq(Mux(hz_fail, at, pend_index))
         rd_space, rd_op, rd_inc = chain.rd_space, chain.rd_op, chain.rd_inc
         has_mv, mv_op, mv_inc = chain.has_mv, chain.mv_op, chain.mv_inc
         vv_used = chain.vv_used
@@ -374,8 +380,7 @@ class FrontEnd(wiring.Component):
                 with m.If(walk.clear):
                     m.next = "HANDOFF"
                 with m.Elif(walk.hazard):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.HAZARD),
-                                 fail_at.eq(at)]
+                    m.d.sync += hz_fail.eq(1)
                     m.next = "DRAIN"
             with m.State("HANDOFF"), m.If(~desc_valid):
                 m.d.comb += prog_addr.eq(pc + 1)
@@ -415,8 +420,12 @@ class FrontEnd(wiring.Component):
                 m.next = "EXEC"
             with m.State("DRAIN"):
                 m.d.comb += [prog_addr.eq(0), read0.eq(1)]
+                with m.If(hz_fail):
+                    m.d.sync += [pend_code.eq(ErrorCode.HAZARD), pend_index.eq(at),
+                                 hz_fail.eq(0)]
                 with m.If(self.be_idle & ~desc_valid):
-                    m.d.sync += [running.eq(0), done.eq(1), err_code.eq(pend_code)]
+                    m.d.sync += [running.eq(0), done.eq(1),
+                                 err_code.eq(Mux(hz_fail, ErrorCode.HAZARD, pend_code))]
                     m.next = "IDLE"
 
         with m.If(desc_take):

@@ -186,21 +186,12 @@ class HazardWalk(wiring.Component):
                     out = out | Mux(Cat(*bits).any(), getattr(ranges[key], field), 0)
             return out
 
-        pick_d = Signal(signed(_D_BITS))
-        pick_s = Signal(signed(_S_BITS))
-        pick_r = Signal(signed(prod_bits + 1))          # last_iter * s
-        pick_ww = Signal()
-        ww_bits = sum(1 << i for i, p in enumerate(pairs) if p[0] == "ww")
-        m.d.sync += [pick_d.eq(select(1, "start") - select(2, "start")),
-                     pick_s.eq(select(1, "inc") - select(2, "inc")),
-                     pick_r.eq(select(1, "prod") - select(2, "prod")),
-                     pick_ww.eq((next_bit & ww_bits) != 0), pick_bit.eq(next_bit)]
-
         # The interval of a pair: (-L, L) for two writes, (0, L) for a write and a read.
         # Its terms are registered (timing closure: L's negation and width were carry
         # chains in front of pick_short and the walk's decision, the core alone's
         # critical path at 57.9 MHz once the pick was off it); L is final at least four
-        # cycles (v_rd, v_wr, end_chain, CHECK) before PICK.
+        # cycles (v_rd, v_wr, end_chain, CHECK) before PICK, so these registers are
+        # final by CHECK, when the pick stage reads them.
         length = self.length
         # The last iteration's index too (timing closure: iters - 1, a carry chain from
         # the chain's ITERATIONS register, was in front of STEP's compare, the core
@@ -211,13 +202,36 @@ class HazardWalk(wiring.Component):
         walk_neg = Signal(signed(len(length) + 1))      # -L
         walk_span2 = Signal(len(length) + 1)            # 2 * L
         m.d.sync += [walk_len.eq(length), walk_neg.eq(-length), walk_span2.eq(length << 1)]
-        pick_lo = Mux(pick_ww, walk_neg, 0)
+
+        # The pick stage: the next pair's terms, registered. Besides the differences, the
+        # terms PICK's compares take are registered here too, so that PICK's decision
+        # starts at its compares (timing closure: `pick_lo`, a multiplexer by the pair's
+        # kind in front of the carry chain of `pick_d > pick_lo`, began the board's
+        # critical path, 66.4 MHz): |s| (both `a - b` and `b - a` formed, one chosen by
+        # the first's sign), the interval's low end and the bound a short step stays
+        # under.
+        next_ww = (next_bit & sum(1 << i for i, p in enumerate(pairs) if p[0] == "ww")) != 0
+        inc_ab = Signal(signed(_S_BITS))
+        inc_ba = Signal(signed(_S_BITS))
+        m.d.comb += [inc_ab.eq(select(1, "inc") - select(2, "inc")),
+                     inc_ba.eq(select(2, "inc") - select(1, "inc"))]
+        pick_d = Signal(signed(_D_BITS))
+        pick_s = Signal(signed(_S_BITS))
+        pick_abs = Signal(_S_BITS)
+        pick_r = Signal(signed(prod_bits + 1))          # last_iter * s
+        pick_lo = Signal(signed(_BOUND_BITS))
+        pick_bound = Signal.like(walk_span2)
+        m.d.sync += [pick_d.eq(select(1, "start") - select(2, "start")),
+                     pick_s.eq(inc_ab), pick_abs.eq(Mux(inc_ab < 0, inc_ba, inc_ab)),
+                     pick_r.eq(select(1, "prod") - select(2, "prod")),
+                     pick_lo.eq(Mux(next_ww, walk_neg, 0)),
+                     pick_bound.eq(Mux(next_ww, walk_span2, walk_len)),
+                     pick_bit.eq(next_bit)]
         pick_hi = walk_len
         pick_end = Signal(signed(48))
         m.d.comb += pick_end.eq(pick_d + pick_r)
-        pick_abs = Mux(pick_s < 0, -pick_s, pick_s)
         # A step shorter than the interval cannot jump over it: the endpoints decide.
-        pick_short = pick_abs < Mux(pick_ww, walk_span2, walk_len)
+        pick_short = pick_abs < pick_bound
         # max(d, end) > lo and min(d, end) < hi.
         pick_hit = (((pick_d > pick_lo) | (pick_end > pick_lo))
                     & ((pick_d < pick_hi) | (pick_end < pick_hi)))

@@ -21,7 +21,8 @@ from hw.arith.fp16_arith import Fp16Binary
 from hw.arith.fp16_reduce import Fp16Reduce
 from hw.arith.fp16_unary import Fp16Unary
 
-__all__ = ["INPUT_STAGES", "Mfu", "MfuPipeline", "OPERAND_BUFFER", "vector_layout",
+__all__ = ["INPUT_STAGES", "Mfu", "MfuPipeline", "OPERAND_BUFFER", "OPERAND_ENTRIES",
+           "vector_layout",
            "output_layout", "mfu_vrf_write_layout"]
 
 #: Registers between a unit's crossbar (and VRF operand) and the unit: the first is
@@ -34,6 +35,11 @@ INPUT_STAGES = 2
 #: Operands a VRF reader keeps read ahead (in flight plus buffered): a read issued in
 #: cycle t is in the buffer from t + 2, so three keep one operand per cycle flowing.
 OPERAND_BUFFER = 3
+
+#: Entries of a VRF reader's ring: one more than :data:`OPERAND_BUFFER`, because the
+#: reader's count learns of a pop a cycle late (``pop_seen``) and so counts the operand
+#: taken in the cycle before as still buffered.
+OPERAND_ENTRIES = OPERAND_BUFFER + 1
 
 #: The ops of the ADDSUB unit's Fp16Binary (every BinaryOp but MUL, which is the MUL
 #: unit's; host.spec.mfu.MfuOp refuses it on ADDSUB).
@@ -224,7 +230,7 @@ class Mfu(_Configured):
     beat ``b`` of the native vector at address ``a`` is at ``a * beats + b``. On
     ``start`` each reader of a used unit is loaded with its base address and reads the
     beats of ``addr``, ``addr + 1``, ... ``addr + L - 1`` in order ahead (the first read
-    in the cycle of ``start``) into a :data:`OPERAND_BUFFER`-entry ring of registers; the
+    in the cycle of ``start``) into a :data:`OPERAND_ENTRIES`-entry ring of registers; the
     beat from the crossbar is joined with the ring's head (selected by a read pointer,
     which is all a pop moves) in front of the unit's input register, so beat ``b`` of
     native vector ``j`` meets beat ``b`` of operand ``addr + j``. The first operand is in
@@ -496,9 +502,9 @@ class Mfu(_Configured):
         todo = Signal(cfg.length_bits + cfg.beat_bits, name=f"{name}_todo")
         addr = Signal(cfg.addr_bits + cfg.beat_bits, name=f"{name}_rd_addr")
         in_flight = Signal(name=f"{name}_in_flight")
-        count = Signal(range(OPERAND_BUFFER + 1), name=f"{name}_buffered")
+        count = Signal(range(OPERAND_ENTRIES + 1), name=f"{name}_buffered")
         entries = [Signal(vec, name=f"{name}_operand{k}", reset_less=True)
-                   for k in range(OPERAND_BUFFER)]
+                   for k in range(OPERAND_ENTRIES)]
         # The first read is issued in the cycle the chain is taken, straight from the
         # configuration input (the previous chain has issued all of its reads). The
         # memory reads on every `start`, used or not: only whether the word enters the
@@ -509,15 +515,24 @@ class Mfu(_Configured):
         base = _in_beats(cfg, self.config.addsub_addr if bank is VrfBank.ADDSUB
                          else self.config.mul_addr)
         # `issue` (a read of addr + 1, addr + 2, ...) is a register holding what
-        # (todo != 0) & (count + in_flight < OPERAND_BUFFER) will be, computed from the
+        # (todo != 0) & (count + in_flight < OPERAND_ENTRIES) will be, computed from the
         # next values of those registers: it enables the counters here and the read-data
         # register by the block RAM, and as logic between them it put two long routes in
         # one cycle. Two copies (`keep`), one for each end.
+        # `count` learns of a pop a cycle late, from `pop_seen`: `pop` comes from the
+        # crossbar's valid (possibly across the die), and through `count_next` into
+        # `issue`, placed by the block RAM, it was the core's critical path. So `count`
+        # is the operands buffered plus the one popped in the cycle before: in a cycle
+        # with a pop the condition is the one of OPERAND_BUFFER on the true count (reads
+        # are issued in the same cycles while beats flow), in a pause the reader reads
+        # one operand further ahead, which the ring's extra entry holds.
         issue = Signal(name=f"{name}_issue", attrs={"keep": 1})
         issue_mem = Signal(name=f"{name}_issue_mem", attrs={"keep": 1})
         todo_next = Signal.like(todo, name=f"{name}_todo_next")
         in_flight_next = Signal(name=f"{name}_in_flight_next")
         push = in_flight
+        pop_seen = Signal(name=f"{name}_pop_seen")
+        m.d.sync += pop_seen.eq(pop)
         count_next = Signal.like(count, name=f"{name}_buffered_next")
         issue_next = Signal(name=f"{name}_issue_next")
         m.d.comb += [
@@ -525,8 +540,8 @@ class Mfu(_Configured):
             todo_next.eq(Mux(self.start, Mux(use_now, _in_beats(cfg, self.length) - 1, 0),
                              Mux(issue, todo - 1, todo))),
             in_flight_next.eq(issue | first),
-            count_next.eq(count - pop + push),
-            issue_next.eq((todo_next != 0) & (count_next + in_flight_next < OPERAND_BUFFER)),
+            count_next.eq(count - pop_seen + push),
+            issue_next.eq((todo_next != 0) & (count_next + in_flight_next < OPERAND_ENTRIES)),
             rp.addr.eq(Mux(self.start, base, addr)),
             rp.en.eq(issue_mem | self.start),
         ]
@@ -545,10 +560,10 @@ class Mfu(_Configured):
         # `push` and `wr` (the same value, a cycle earlier): decoded from `wr` in front of
         # the entry's 16n clock enables, it was the critical path once the unit inputs had
         # two registers (docs/mfu.md section 10).
-        wr = Signal(range(OPERAND_BUFFER), name=f"{name}_wr")
-        rd = Signal(range(OPERAND_BUFFER), name=f"{name}_rd")
+        wr = Signal(range(OPERAND_ENTRIES), name=f"{name}_wr")
+        rd = Signal(range(OPERAND_ENTRIES), name=f"{name}_rd")
         wr_next = Signal.like(wr, name=f"{name}_wr_next")
-        m.d.comb += wr_next.eq(Mux(push, Mux(wr == OPERAND_BUFFER - 1, 0, wr + 1), wr))
+        m.d.comb += wr_next.eq(Mux(push, Mux(wr == OPERAND_ENTRIES - 1, 0, wr + 1), wr))
         m.d.sync += wr.eq(wr_next)
         for k, entry in enumerate(entries):
             load = Signal(name=f"{name}_load{k}")
@@ -556,10 +571,10 @@ class Mfu(_Configured):
             with m.If(load):
                 m.d.sync += entry.eq(rp.data)
         with m.If(pop):
-            m.d.sync += rd.eq(Mux(rd == OPERAND_BUFFER - 1, 0, rd + 1))
+            m.d.sync += rd.eq(Mux(rd == OPERAND_ENTRIES - 1, 0, rd + 1))
         head = Signal(vec, name=f"{name}_head")
         m.d.comb += head.eq(entries[-1])
-        for k in reversed(range(OPERAND_BUFFER - 1)):
+        for k in reversed(range(OPERAND_ENTRIES - 1)):
             with m.If(rd == k):
                 m.d.comb += head.eq(entries[k])
         return head
