@@ -314,8 +314,7 @@ class NpuCore(wiring.Component):
                      inq.r_en.eq(reader.inq.ready)]
         for key in memory_spaces(c):
             m.d.comb += getattr(reader, f"{key}_data").eq(getattr(mems, f"{key}_data"))
-        with m.If(reader.rd.en):
-            m.d.comb += rd.eq(reader.rd)
+        m.d.comb += rd.eq(reader.rd)
         wiring.connect(m, reader.x_stream, mvm.x_stream)
 
         # Host memory access shares the ports while no program runs.

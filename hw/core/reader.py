@@ -140,12 +140,26 @@ class Reader(wiring.Component):
         p_valid = Signal()            # a vector arrives in the buffer next cycle
         p_to_mvm = Signal()
         p_q = Signal(vec)
-        # A vector read last cycle is written this cycle: count it in its buffer.
-        room = Mux(r_cfg.to_mvm, mb.level + (p_valid & p_to_mvm) < mb.depth - 1,
-                   db.level + (p_valid & ~p_to_mvm) < db.depth - 1)
+        # Whether each buffer has room for one more vector, counting the one read last
+        # cycle (written this cycle): `fill` is the buffer's level plus that vector, kept
+        # as a register (a step adds one, a read from the buffer takes one away), and
+        # `room` (fill < depth - 1) is a register of its own, computed from fill's next
+        # value. The level's adder, the in-flight term's and the compare were in front of
+        # `step`, and with it of the vector memories' read enable and address, the core's
+        # critical path (73.2 MHz; docs/notes/2026-11-28-core-timing-closure.md).
         is_netq = r_cfg.space == Space.NETQ
         step = Signal()
-        m.d.comb += step.eq(r_on & room & (~is_netq | self.inq.valid))
+        rooms = {}
+        for buf, to_buf in ((mb, r_cfg.to_mvm), (db, ~r_cfg.to_mvm)):
+            name = "mvm_buf" if buf is mb else "direct_buf"
+            fill = Signal(range(buf.depth + 1), name=f"{name}_fill")
+            fill_next = Signal.like(fill, name=f"{name}_fill_next")
+            room = Signal(init=1, name=f"{name}_room")
+            m.d.comb += fill_next.eq(fill + (step & to_buf) - (buf.r_en & buf.r_rdy))
+            m.d.sync += [fill.eq(fill_next), room.eq(fill_next < buf.depth - 1)]
+            rooms[buf] = room
+        m.d.comb += step.eq(r_on & Mux(r_cfg.to_mvm, rooms[mb], rooms[db])
+                            & (~is_netq | self.inq.valid))
         vector_step, p_beat = _paces(m, c, step, r_cfg.to_mvm)
         m.d.comb += self.instances.ready.eq(~r_on)
         with m.If(self.instances.valid & self.instances.ready):
@@ -169,9 +183,10 @@ class Reader(wiring.Component):
                 for s in held_spaces:
                     held = held | (r_cfg.space.as_value() == s)
                 m.d.sync += p_from[key][i].eq(~is_netq & held & keep)
-        with m.If(step & ~is_netq):
-            m.d.comb += [self.rd.en.eq(1), self.rd.addr.eq(r_pixel + r_k),
-                         self.rd.space.eq(r_cfg.space)]
+        # The address and space whatever the step: the memories read only on `rd.en`
+        # (and hold their data otherwise), so `step` reaches the read enables alone.
+        m.d.comb += [self.rd.en.eq(step & ~is_netq), self.rd.addr.eq(r_pixel + r_k),
+                     self.rd.space.eq(r_cfg.space)]
         with m.If(vector_step):
             with m.If(r_k != r_cfg.pix - 1):
                 m.d.sync += r_k.eq(r_k + 1)
