@@ -261,11 +261,13 @@ class PlanCheck(wiring.Component):
         m.d.sync += e_cols.eq(has_mv & (cols_t > c.max_col_tiles))
         e_static = Signal()
         m.d.sync += e_static.eq(has_mv & r.q_static & (r.q_exponent > MAX_EXPONENT_CODE))
-        # iters - 1 registered for mrf_prod alone (the decrement's carry chain in front of
-        # the product's multiplier was the core alone's path at 60.0 MHz, synthesized
-        # without keep_flops): mrf_prod is then final two cycles after the registers,
-        # no later than mrf_base (three: pix, cols_t, mrf_base), so e_mrf is final when
-        # it was.
+        # iters - 1 registered for the products by last_iter (the decrement's carry chain
+        # in front of a product's multiplier was the core alone's path at 60.0 MHz for
+        # mrf_prod and at 68.8 MHz for the ranges' products, synthesized without
+        # keep_flops). ITERATIONS is written outside chains only, so iters_less is final
+        # from the cycle after the chain's v_rd: mrf_prod is then final two cycles after
+        # the registers, no later than mrf_base (three: pix, cols_t, mrf_base), and each
+        # range's product (below) in the cycle after its increment, as before.
         iters_less = Signal.like(last_iter)
         mrf_prod = Signal(prod_bits)
         mrf_base = Signal(len(ch.mv_op) + len(length) + len(groups) + 1)
@@ -303,9 +305,10 @@ class PlanCheck(wiring.Component):
                                        for b, bit in enumerate(n_netq)))
         m.d.sync += [pushes.eq(pushes_next), pushes_big.eq(pushes_next[level_bits:] != 0)]
         e_over = pushes_big | (pushes[:level_bits] > self.outq_room)
-        # last_iter * increment of every range: the range checks' and the hazard walk's.
+        # last_iter * increment of every range: the range checks' and the hazard walk's
+        # (from iters_less, above).
         rd_base = Signal(len(self.extent) + 1)
-        m.d.sync += [self.rd_prod.eq(last_iter * ch.rd_inc),
+        m.d.sync += [self.rd_prod.eq(iters_less * ch.rd_inc),
                      rd_base.eq(ch.rd_op + self.extent)]
         tops = []
         top_rd = Signal()
@@ -314,7 +317,7 @@ class PlanCheck(wiring.Component):
         tops.append(top_rd)
         for k in built_vrfs(c):
             base = Signal(len(ch.vv_op[k]) + 1, name=f"vv_base{k}")
-            m.d.sync += [self.vv_prod[k].eq(last_iter * ch.vv_inc[k]),
+            m.d.sync += [self.vv_prod[k].eq(iters_less * ch.vv_inc[k]),
                          base.eq(ch.vv_op[k] + length)]
             top = Signal(name=f"top_vv{k}")
             m.d.sync += top.eq(ch.vv_used[k] & (self.vv_prod[k] + base > c.vrf_depth))
@@ -323,7 +326,7 @@ class PlanCheck(wiring.Component):
             # w_op + last_iter * w_inc + length > depth, as last_iter * w_inc > room.
             room = Signal(signed(len(ch.w_op[k]) + len(length) + 2), name=f"w_room{k}")
             on = Signal(name=f"w_ranged{k}")
-            m.d.sync += [self.w_prod[k].eq(last_iter * ch.w_inc[k]),
+            m.d.sync += [self.w_prod[k].eq(iters_less * ch.w_inc[k]),
                          room.eq(space_depth(ch.w_space[k]) - ch.w_op[k] - length),
                          on.eq((k < ch.n_wr) & (ch.w_space[k] != Space.NETQ))]
             tops.append(on & (self.w_prod[k] > room))
