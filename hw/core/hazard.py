@@ -213,10 +213,7 @@ class HazardWalk(wiring.Component):
         # the difference's carry chain and the choice in this stage's cycle (the core
         # alone's critical path at 73.3 MHz).
         next_ww = (next_bit & sum(1 << i for i, p in enumerate(pairs) if p[0] == "ww")) != 0
-        inc_ab = Signal(signed(_S_BITS))
-        inc_ba = Signal(signed(_S_BITS))
-        m.d.comb += [inc_ab.eq(select(1, "inc") - select(2, "inc")),
-                     inc_ba.eq(select(2, "inc") - select(1, "inc"))]
+        inc_a, inc_b = select(1, "inc"), select(2, "inc")
         pick_d = Signal(signed(_D_BITS))
         pick_s = Signal(signed(_S_BITS))
         pick_s_neg = Signal(signed(_S_BITS))            # -s
@@ -224,7 +221,7 @@ class HazardWalk(wiring.Component):
         pick_lo = Signal(signed(_BOUND_BITS))
         pick_bound = Signal.like(walk_span2)
         m.d.sync += [pick_d.eq(select(1, "start") - select(2, "start")),
-                     pick_s.eq(inc_ab), pick_s_neg.eq(inc_ba),
+                     pick_s.eq(inc_a - inc_b), pick_s_neg.eq(inc_b - inc_a),
                      pick_r.eq(select(1, "prod") - select(2, "prod")),
                      pick_lo.eq(Mux(next_ww, walk_neg, 0)),
                      pick_bound.eq(Mux(next_ww, walk_span2, walk_len)),

@@ -150,8 +150,8 @@ class Reader(wiring.Component):
         is_netq = r_cfg.space == Space.NETQ
         step = Signal()
         rooms = {}
-        for buf, to_buf in ((mb, r_cfg.to_mvm), (db, ~r_cfg.to_mvm)):
-            name = "mvm_buf" if buf is mb else "direct_buf"
+        for name, buf, to_buf in (("mvm_buf", mb, r_cfg.to_mvm),
+                                  ("direct_buf", db, ~r_cfg.to_mvm)):
             fill = Signal(range(buf.depth + 1), name=f"{name}_fill")
             fill_next = Signal.like(fill, name=f"{name}_fill_next")
             room = Signal(init=1, name=f"{name}_room")

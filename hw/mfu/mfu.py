@@ -22,8 +22,7 @@ from hw.arith.fp16_reduce import Fp16Reduce
 from hw.arith.fp16_unary import Fp16Unary
 
 __all__ = ["INPUT_STAGES", "Mfu", "MfuPipeline", "OPERAND_BUFFER", "OPERAND_ENTRIES",
-           "vector_layout",
-           "output_layout", "mfu_vrf_write_layout"]
+           "vector_layout", "output_layout", "mfu_vrf_write_layout"]
 
 #: Registers between a unit's crossbar (and VRF operand) and the unit: the first is
 #: placed near the sources, the second near the lanes, so that neither the route from
