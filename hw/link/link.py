@@ -304,6 +304,15 @@ class NpuLink(wiring.Component):
         soft_reset = Signal()
         m.d.sync += soft_reset.eq(0)
         m.d.comb += core.soft_reset.eq(soft_reset)
+        # RUN, CLEAR_COUNTERS and CLEAR_ERROR reach the core from flip-flops too, a cycle
+        # after the decode, for the same reason: the run's start resets the front end's
+        # registers across the die, and the request's checks in front of it ended the
+        # board's critical path (59.52 MHz). The core counts a run's cycles from the
+        # pulse it sees; RUN_START is the pulse's cycle, and `done` falls after it.
+        run, counters_clear, error_clear = Signal(), Signal(), Signal()
+        m.d.sync += [run.eq(0), counters_clear.eq(0), error_clear.eq(0)]
+        m.d.comb += [core.run.eq(run), core.counters_clear.eq(counters_clear),
+                     core.error_clear.eq(error_clear)]
 
         with m.FSM(name="link"):
             with m.State("START"):
@@ -394,7 +403,7 @@ class NpuLink(wiring.Component):
                         with m.Elif(checks.halted_at):
                             reply(Status.DEVICE_ERROR, 2, code_value=core_error)
                         with m.Else():
-                            m.d.comb += core.run.eq(1)
+                            m.d.sync += run.eq(1)
                             m.next = "RUN_START"
                     with m.Case(Opcode.POP_OUTPUT):
                         m.d.sync += [count.eq(pop.count), wb.eq(vb),
@@ -431,9 +440,9 @@ class NpuLink(wiring.Component):
                             m.next = "Z_VEC"
                         with m.Else():
                             with m.If(h_op == Opcode.CLEAR_COUNTERS.value):
-                                m.d.comb += core.counters_clear.eq(1)
+                                m.d.sync += counters_clear.eq(1)
                             with m.Else():
-                                m.d.comb += core.error_clear.eq(1)
+                                m.d.sync += error_clear.eq(1)
                             reply(Status.OK)
                     with m.Default():
                         refuse(Status.UNKNOWN_OPCODE)
@@ -533,7 +542,7 @@ class NpuLink(wiring.Component):
                     next_word(ok)
 
             with m.State("RUN_START"):
-                m.next = "RUN_WAIT"       # done falls the cycle after run
+                m.next = "RUN_WAIT"       # the core sees `run`; done falls after it
             with m.State("RUN_WAIT"):
                 with m.If(core.done):
                     with m.If(halted):
