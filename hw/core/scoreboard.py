@@ -106,19 +106,25 @@ class Scoreboard(wiring.Component):
         entries = [Signal(data.ArrayLayout(span, MAX_WRITES), name=f"entry{e}")
                    for e in range(IN_FLIGHT)]
 
+        def overlap(writes):
+            """Whether any of ``writes`` overlaps any of ``reads_next``."""
+            return Cat(*(w.on & r.on & (w.space == r.space) & (w.lo < r.hi) & (r.lo < w.hi)
+                         for w in writes for r in self.reads_next)).any()
+
+        # The issued writes' overlaps are computed once, beside each entry's own, and the
+        # entry's next content only selects between the two answers: `take` (from the
+        # issuer's `cur_valid`, which fans out widely) then reaches the last gate before
+        # each `hit`, not the compares' carry chains in front of it (issue 36, timing:
+        # `cur_valid` through `take` into the compares was the core's critical path,
+        # 69.56 MHz).
+        new_hit = overlap(self.issued)
         hit = Signal(IN_FLIGHT)
         for e in range(IN_FLIGHT):
             # A taken chain leaves every entry as it is; otherwise only an issue reaches
             # the update below, and it writes the tail.
             keep = self.take | (tail != e)
-            overlaps = []
-            for old, new in zip(entries[e], self.issued):
-                w = {f: Mux(keep, getattr(old, f), getattr(new, f))
-                     for f in ("on", "space", "lo", "hi")}
-                overlaps += [w["on"] & r.on & (w["space"] == r.space) & (w["lo"] < r.hi)
-                             & (r.lo < w["hi"]) for r in self.reads_next]
             with m.If(self.take | self.issue):
-                m.d.sync += hit[e].eq(Cat(*overlaps).any())
+                m.d.sync += hit[e].eq(Mux(keep, overlap(entries[e]), new_hit))
         m.d.comb += [self.conflict.eq((valid & hit).any()), self.full.eq(valid.all()),
                      self.empty.eq(valid == 0)]
 
