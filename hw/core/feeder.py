@@ -27,8 +27,9 @@ class Feeder(wiring.Component):
     From the MVM it takes beat ``f_count mod beats`` of the row block at the head of
     ``products`` and takes the block with its last beat (the N -> l adapter: a
     multiplexer, no register); from the direct buffer one beat per beat. The instance is
-    taken (``instances.ready``) with its last beat. Nothing here is registered but the
-    beat count and whether the instance's chain is given: the adapter adds no cycle.
+    taken (``instances.ready``) with its chain, and what its beats need of it (the
+    source, the last beat's index) is kept until its last beat. Nothing else here is
+    registered but the beat count: the adapter adds no cycle.
 
     Parameters
     ----------
@@ -63,29 +64,35 @@ class Feeder(wiring.Component):
         c = self._config
         m = Module()
         head = self.instances.payload
-        configured = Signal()
+        # The instance leaves the feeder queue with its chain, not with its last beat:
+        # the queue's read enable is then the chain's handshake (two flip-flops and the
+        # queue's own valid), not the beats' handshake with the MFU pipeline, a round trip
+        # across the die that ended the core's critical path (issue 36, timing). No cycle
+        # changes: the queue never holds more instances than the scoreboard lets be in
+        # flight, and the next instance's chain waits for `configured` to fall as before.
+        configured = Signal()             # an instance's chain is given; beats to feed
+        from_mvm = Signal()               # its vectors are the MVM's
+        f_last = Signal(len(last_beat_index(c, head.chain.length)))
         f_count = Signal(c.mfu.length_bits + c.beat_bits)      # beats of the instance fed
         m.d.comb += [self.chain.valid.eq(self.instances.valid & ~configured),
-                     self.chain.payload.eq(head.chain)]
+                     self.chain.payload.eq(head.chain),
+                     self.instances.ready.eq(self.chain.ready & ~configured)]
         with m.If(self.chain.valid & self.chain.ready):
-            m.d.sync += [configured.eq(1), f_count.eq(0)]
-        from_mvm = head.to_mvm
+            m.d.sync += [configured.eq(1), f_count.eq(0), from_mvm.eq(head.to_mvm),
+                         f_last.eq(last_beat_index(c, head.chain.length))]
         y_data = self.products.payload.as_value()
         src_valid = Mux(from_mvm, self.products.valid, self.direct.valid)
         src_data = Mux(from_mvm, beat_select(c, y_data, f_count), self.direct.payload)
-        feeding = configured & self.instances.valid
-        y_ready = feeding & from_mvm & self.o_stream.ready
+        y_ready = configured & from_mvm & self.o_stream.ready
         m.d.comb += [
-            self.o_stream.valid.eq(feeding & src_valid),
+            self.o_stream.valid.eq(configured & src_valid),
             self.o_stream.payload.eq(src_data),
             self.products.ready.eq(y_ready if c.beats == 1
                                    else y_ready & last_beat(c, f_count)),
-            self.direct.ready.eq(feeding & ~from_mvm & self.o_stream.ready),
+            self.direct.ready.eq(configured & ~from_mvm & self.o_stream.ready),
         ]
-        f_final = f_count == last_beat_index(c, head.chain.length)
         with m.If(self.o_stream.valid & self.o_stream.ready):
             m.d.sync += f_count.eq(f_count + 1)
-            with m.If(f_final):
-                m.d.comb += self.instances.ready.eq(1)
+            with m.If(f_count == f_last):
                 m.d.sync += configured.eq(0)
         return m

@@ -203,16 +203,16 @@ def run_feeder(config, seed, probs, count=60):
                 for _ in range(inst["length"])]
     direct = [rng.getrandbits(16 * config.lanes) for inst in instances if not inst["to_mvm"]
               for _ in range(inst["length"] * config.beats)]
-    # The account: each instance's chain word, then its beats, then its retirement.
+    # The account: each instance's chain word and, in the same cycle, the instance taken
+    # from the queue; then its beats.
     want, prod_it, dir_it = [], iter(products), iter(direct)
     for inst in instances:
-        want.append(("chain", inst["raw"] >> layout["chain"].offset & chain_mask))
+        want += [("chain", inst["raw"] >> layout["chain"].offset & chain_mask), ("taken",)]
         for _ in range(inst["length"]):
             if inst["to_mvm"]:
                 want += [("beat", b) for b in beats_of(config, next(prod_it))]
             else:
                 want += [("beat", next(dir_it)) for _ in range(config.beats)]
-        want.append(("taken",))
     inst_src = Source(rng, instances, p_inst)
     prod_src = Source(rng, products, p_prod)
     dir_src = Source(rng, direct, p_dir)
@@ -226,16 +226,19 @@ def run_feeder(config, seed, probs, count=60):
         out_ready = rng.random() < p_out
         ctx.set(dut.chain.ready, chain_ready)
         ctx.set(dut.o_stream.ready, out_ready)
-        if ctx.get(dut.chain.valid) and chain_ready:
+        chained = ctx.get(dut.chain.valid) and chain_ready
+        if chained:
             got.append(("chain", ctx.get(dut.chain.payload.as_value())))
         if ctx.get(dut.o_stream.valid) and out_ready:
             got.append(("beat", ctx.get(dut.o_stream.payload.as_value())))
         if inst_src.took(ctx, dut.instances):
+            assert chained, "instance taken without its chain"
             got.append(("taken",))
         prod_src.took(ctx, dut.products)
         dir_src.took(ctx, dut.direct)
 
-    run(dut, cycle, lambda: not inst_src.items, limit=60 * len(want))
+    run(dut, cycle, lambda: not (inst_src.items or prod_src.items or dir_src.items),
+        limit=60 * len(want))
     assert not prod_src.items and not dir_src.items, "source vectors left over"
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g == w, f"event {k}: {g}, expected {w}"
