@@ -280,11 +280,18 @@ class PlanCheck(wiring.Component):
         # below 2^level_bits, so a count above it fails on its high bits alone, and
         # those are registered beside the count (from the same product or sum): only a
         # level_bits compare is left in front of CHECK's decision (issue 36, timing).
+        # C enters the product from a register of its own: has_mv's multiplexer in
+        # front of the MULT18X18D was the core alone's critical path at 61.72 MHz. C is
+        # final when cols_t is (has_mv, set by the mv_mul, at least two cycles before
+        # CHECK) or when length is (at least two), so c_in_q is one cycle later and
+        # in_need by CHECK, as e_mrf after mrf_base and pushes after len_iters.
         level_bits = len(self.inq_free)
         in_need = self.in_need
         in_need_next = Signal(len(in_need))
         in_need_big = Signal()
-        m.d.comb += in_need_next.eq(r.iters * self.c_in)
+        c_in_q = Signal.like(self.c_in)
+        m.d.sync += c_in_q.eq(self.c_in)
+        m.d.comb += in_need_next.eq(r.iters * c_in_q)
         m.d.sync += [in_need.eq(in_need_next),
                      in_need_big.eq(in_need_next[level_bits:] != 0)]
         len_iters = Signal(len(length) + len(r.iters))
