@@ -59,6 +59,8 @@ class FrontEnd(wiring.Component):
         The program's length; fetching at or beyond it is PROGRAM_RANGE.
     inq_free, outq_room : ``In(range(netq_depth + 1))``
         Input-queue vectors and output-queue room not claimed by a chain handed off.
+    inq_pushed, outq_popped : ``In(1)``
+        A vector pushed onto the input queue, popped off the output queue, this cycle.
     inq_claim, outq_claim : ``Out(range(netq_depth + 1))``
         What the chain handed off this cycle claims of them.
     be_idle : ``In(1)``
@@ -89,6 +91,8 @@ class FrontEnd(wiring.Component):
             "prog_len": In(range(c.program_depth + 1)),
             "inq_free": In(queue),
             "outq_room": In(queue),
+            "inq_pushed": In(1),
+            "outq_popped": In(1),
             "inq_claim": Out(queue),
             "outq_claim": Out(queue),
             "be_idle": In(1),
@@ -211,7 +215,8 @@ class FrontEnd(wiring.Component):
         # by CHECK.
         m.submodules.plan = plan = PlanCheck(c)
         m.d.comb += [plan.chain.eq(chain), plan.inq_free.eq(self.inq_free),
-                     plan.outq_room.eq(self.outq_room)]
+                     plan.outq_room.eq(self.outq_room), plan.inq_pushed.eq(self.inq_pushed),
+                     plan.outq_popped.eq(self.outq_popped)]
         m.d.comb += [getattr(plan.regs, name).eq(regs[reg])
                      for name, reg in PLAN_REGISTERS.items()]
         iters = regs[Reg.ITERATIONS]

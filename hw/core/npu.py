@@ -281,6 +281,7 @@ class NpuCore(wiring.Component):
             prog_rp.en.eq(1), prog_rp.addr.eq(fe.prog_addr), fe.prog_data.eq(prog_rp.data),
             fe.prog_w.eq(prog), fe.prog_len.eq(host.prog_len),
             fe.inq_free.eq(inq_free), fe.outq_room.eq(outq_room),
+            fe.inq_pushed.eq(pushed), fe.outq_popped.eq(popped),
             fe.be_idle.eq(be_idle),
             self.busy.eq(running), self.done.eq(fe.done), self.error.eq(fe.error),
             self.pc.eq(fe.pc), self.cycles.eq(fe.cycles),

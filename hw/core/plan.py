@@ -110,6 +110,10 @@ class PlanCheck(wiring.Component):
         Input-queue vectors not claimed by a chain handed off.
     outq_room : ``In(range(netq_depth + 1))``
         Output-queue room not claimed.
+    inq_pushed, outq_popped : ``In(1)``
+        A vector is pushed onto the input queue, popped off the output queue, this
+        cycle: ``inq_free`` and ``outq_room`` are one more in the next (the queue checks
+        are registered from next cycle's levels).
     error : ``Out(ErrorCode)``
         The first check that fails, NONE when all pass; valid in the front end's
         ``CHECK`` (see the module's docstring).
@@ -156,6 +160,8 @@ class PlanCheck(wiring.Component):
             "regs": In(regs),
             "inq_free": In(level),
             "outq_room": In(level),
+            "inq_pushed": In(1),
+            "outq_popped": In(1),
             "error": Out(ErrorCode),
             "error_at": Out(PROGRAM_ADDR_BITS + 1),
             "length": Out(c.mfu.length_bits),
@@ -277,9 +283,13 @@ class PlanCheck(wiring.Component):
         m.d.sync += e_mrf.eq(has_mv & (mrf_prod + mrf_base > c.mrf_depth))
         # iters * C (the vectors the chain takes from the input queue), length * iters.
         # The queue checks compare with the levels of CHECK's cycle itself; a level is
-        # below 2^level_bits, so a count above it fails on its high bits alone, and
-        # those are registered beside the count (from the same product or sum): only a
-        # level_bits compare is left in front of CHECK's decision (issue 36, timing).
+        # below 2^level_bits, so a count above it fails on its high bits alone. Each
+        # check is a register, computed from the count's next value and the level's:
+        # the level is this cycle's plus the push (pop) of this cycle, less the claim
+        # of a chain handed off, and the cycle before CHECK is CHAIN's, which hands off
+        # nothing. The push (pop) selects between two compares at the last gate. So no
+        # compare is left in front of CHECK's decision (issue 36, timing: the level
+        # compares there were the core alone's critical path at 73.58 MHz).
         # C enters the product from a register of its own: has_mv's multiplexer in
         # front of the MULT18X18D was the core alone's critical path at 61.72 MHz. C is
         # final when cols_t is (has_mv, set by the mv_mul, at least two cycles before
@@ -288,16 +298,21 @@ class PlanCheck(wiring.Component):
         level_bits = len(self.inq_free)
         in_need = self.in_need
         in_need_next = Signal(len(in_need))
-        in_need_big = Signal()
         c_in_q = Signal.like(self.c_in)
         m.d.sync += c_in_q.eq(self.c_in)
         m.d.comb += in_need_next.eq(r.iters * c_in_q)
+
+        def over(count_next, level, gained):
+            """``count > level`` next cycle, for a level that gains one with ``gained``."""
+            low = count_next[:level_bits]
+            return (count_next[level_bits:] != 0) | Mux(gained, low > level + 1, low > level)
+
+        under_q = Signal()
         m.d.sync += [in_need.eq(in_need_next),
-                     in_need_big.eq(in_need_next[level_bits:] != 0)]
+                     under_q.eq(over(in_need_next, self.inq_free, self.inq_pushed))]
         len_iters = Signal(len(length) + len(r.iters))
         m.d.sync += len_iters.eq(length * r.iters)
-        e_under = (ch.rd_space == Space.NETQ) & (
-            in_need_big | (in_need[:level_bits] > self.inq_free))
+        e_under = (ch.rd_space == Space.NETQ) & under_q
         # The writes to the output queue (at most MAX_WRITES) times length * iters, as
         # shifts and adds: a multiplier put a MULT18X18D, across the die, between the
         # last v_wr's fields and this register (the core alone's critical path at
@@ -307,11 +322,11 @@ class PlanCheck(wiring.Component):
                                   for k in range(MAX_WRITES)))
         pushes = self.pushes
         pushes_next = Signal(len(pushes))
-        pushes_big = Signal()
+        e_over = Signal()
         m.d.comb += pushes_next.eq(sum(Mux(bit, len_iters << b, 0)
                                        for b, bit in enumerate(n_netq)))
-        m.d.sync += [pushes.eq(pushes_next), pushes_big.eq(pushes_next[level_bits:] != 0)]
-        e_over = pushes_big | (pushes[:level_bits] > self.outq_room)
+        m.d.sync += [pushes.eq(pushes_next),
+                     e_over.eq(over(pushes_next, self.outq_room, self.outq_popped))]
         # last_iter * increment of every range: the range checks' and the hazard walk's
         # (from iters_less, above).
         rd_base = Signal(len(self.extent) + 1)
