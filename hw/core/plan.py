@@ -290,14 +290,14 @@ class PlanCheck(wiring.Component):
         # nothing. The push (pop) selects between two compares at the last gate. So no
         # compare is left in front of CHECK's decision (issue 36, timing: the level
         # compares there were the core alone's critical path at 73.58 MHz).
+        level_bits = len(self.inq_free)
+        in_need = self.in_need
+        in_need_next = Signal(len(in_need))
         # C enters the product from a register of its own: has_mv's multiplexer in
         # front of the MULT18X18D was the core alone's critical path at 61.72 MHz. C is
         # final when cols_t is (has_mv, set by the mv_mul, at least two cycles before
         # CHECK) or when length is (at least two), so c_in_q is one cycle later and
         # in_need by CHECK, as e_mrf after mrf_base and pushes after len_iters.
-        level_bits = len(self.inq_free)
-        in_need = self.in_need
-        in_need_next = Signal(len(in_need))
         c_in_q = Signal.like(self.c_in)
         m.d.sync += c_in_q.eq(self.c_in)
         m.d.comb += in_need_next.eq(r.iters * c_in_q)
