@@ -24,7 +24,7 @@ from hw.arith.dsp import ECP5_TARGET
 from hw.board.report import parse_report
 from hw.ecp5 import global_buffer, reset_logic_off_global
 from hw.ram import yosys_collision_commands
-from hw.synth import BOOTH_MAX_WIDTH, SYNTH_ECP5_OPTS, booth_commands
+from hw.synth import BOOTH_MAX_WIDTH, SYNTH_ECP5_OPTS, booth_commands, flatten_commands
 
 __all__ = [
     "BUILD_ROOT", "DEFAULT_BOOTH_MAX_WIDTH", "DEFAULT_YOSYS_ARGS", "FlowError", "IoShim",
@@ -251,9 +251,13 @@ def _yosys_script(name, yosys_args, booth_max_width, keep_flops=False, primitive
         # below that check the hierarchy must know them before synth_ecp5 reads its cell
         # library.
         lines.append("read_verilog -lib +/ecp5/cells_bb.v")
+    # Flattened, with indexed wire names private (hw.synth.flatten_commands: Yosys's ABC9
+    # stops on some designs otherwise); synth_ecp5 repeats hierarchy/proc/flatten
+    # harmlessly.
+    lines += flatten_commands(name)
     if keep_flops:
-        # Before any opt_merge: synth_ecp5 repeats hierarchy/proc/flatten harmlessly.
-        lines += [f"hierarchy -check -top {name}", "proc", "flatten", *_KEEP_FLOPS]
+        # Before any opt_merge.
+        lines += _KEEP_FLOPS
     if booth_max_width:
         lines += booth_commands(name, int(booth_max_width))
     synth = f"synth_ecp5 -top {name} {' '.join(yosys_args)} -json {name}.json"

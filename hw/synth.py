@@ -5,6 +5,9 @@ place-and-route benches (:mod:`bench.fpga`). Why each part, with the measurement
 
 * :data:`SYNTH_ECP5_OPTS`: ``synth_ecp5`` builds 5- to 7-input functions from LUT4s
   alone, not with the slices' wide-function multiplexers.
+* :func:`flatten_commands`: before ``synth_ecp5``, the design flattened and the names of
+  its wires that end in an index made private, which Yosys's ABC9 would otherwise mistake
+  for bits of another wire.
 * :func:`booth_commands`: before ``synth_ecp5``, products whose operands are both at most
   :data:`BOOTH_MAX_WIDTH` bits become radix-4 Booth multipliers in LUTs and carry chains
   instead of unregistered MULT18X18Ds. The MVM's N x N x T narrow products are most of
@@ -13,7 +16,8 @@ place-and-route benches (:mod:`bench.fpga`). Why each part, with the measurement
 
 from __future__ import annotations
 
-__all__ = ["BOOTH_MAX_WIDTH", "ECP5_CELLS", "SYNTH_ECP5_OPTS", "booth_commands"]
+__all__ = ["BOOTH_MAX_WIDTH", "ECP5_CELLS", "SYNTH_ECP5_OPTS", "booth_commands",
+           "flatten_commands"]
 
 #: Reads the ECP5 cell library as ``synth_ecp5`` does at its start, for the commands that
 #: run before it: :func:`booth_commands`' ``hierarchy -check`` must know every primitive
@@ -29,6 +33,24 @@ SYNTH_ECP5_OPTS = ("-nowidelut",)
 #: generic shift-and-add below 4 x 4); wider ones go to the DSP blocks (which cap an
 #: unregistered product near 120 MHz, and of which the LFE5U-85F has 156).
 BOOTH_MAX_WIDTH = 8
+
+
+def flatten_commands(top: str) -> list[str]:
+    """Yosys commands, for after the design (top module ``top``) is read and before
+    ``synth_ecp5``, that flatten it and give every wire whose name ends in an index
+    (``x[1]``: Amaranth names the elements of an array port or layout so) a private name
+    (``rename -hide``, which leaves ports alone). ``synth_ecp5`` repeats the ``proc``
+    and ``flatten`` harmlessly.
+
+    Why: ABC9 names the bits it maps ``x[1]`` too, so a wire ``x[1]`` of several bits
+    beside a wire ``x`` met another's bit in its reintegration, and Yosys 0.70 stopped
+    on the assertion ``GetSize(conn.first) == GetSize(conn.second)`` (``rtlil.cc``) or
+    not, as the order of its names fell: the core alone stopped there with one more
+    register in its plan checks, and with the bench's kept flip-flops before
+    (``docs/fpga-flow.md``, "Indexed names"). The netlist's logic is the same; only those
+    wires' names change (nextpnr shows them with a ``$``).
+    """
+    return [f"hierarchy -check -top {top}", "proc", "flatten", "rename -hide w:*]"]
 
 
 def booth_commands(top: str, max_width: int = BOOTH_MAX_WIDTH) -> list[str]:

@@ -26,7 +26,7 @@ from hw.core.npu import NpuCore
 from hw.link.link import NpuLink
 from hw.link.uart import UartRx, UartTx, divisor_for
 from hw.ram import yosys_collision_commands
-from hw.synth import ECP5_CELLS, SYNTH_ECP5_OPTS, booth_commands
+from hw.synth import ECP5_CELLS, SYNTH_ECP5_OPTS, booth_commands, flatten_commands
 
 __all__ = ["BOARD_CLK_HZ", "DEFAULT_BAUD", "REPORT", "RX_FIFO_DEPTH", "ULX3S_CLK_HZ",
            "BuildArgs", "NpuBoard", "SimBoard", "ULX3STop", "build_overrides", "main",
@@ -273,8 +273,10 @@ def build_overrides(name, seed=None, *, router=None, placer_density=None):
     for the top named ``name``, the recipe of :mod:`hw.synth` that the place-and-route
     benches use too: after the RTLIL is read, the ECP5 cell library
     (:data:`hw.synth.ECP5_CELLS`: the I/O buffers, the PLL, the DSPs the design
-    instantiates) and the Booth commands (narrow products in LUTs: the N = 16 build's MVM
-    would otherwise ask for 291 MULT18X18D of 156); ``synth_ecp5`` with ``-nowidelut``,
+    instantiates), the flattening that makes indexed wire names private
+    (:func:`hw.synth.flatten_commands`) and the Booth commands (narrow products in LUTs:
+    the N = 16 build's MVM would otherwise ask for 291 MULT18X18D of 156); ``synth_ecp5``
+    with ``-nowidelut``,
     stopped before ``map_ram`` so that the memories marked :data:`hw.ram.READ_COLLISION_UNUSED` (the MRF,
     the vector buffer) get no logic for reads that collide with a write, then finished
     (``hw.ram``); nextpnr writes its report to :data:`REPORT` (Amaranth's flow asks for
@@ -289,7 +291,8 @@ def build_overrides(name, seed=None, *, router=None, placer_density=None):
     """
     opts = " ".join(SYNTH_ECP5_OPTS)
     return {
-        "script_after_read": "\n".join([ECP5_CELLS, *booth_commands(name)]),
+        "script_after_read": "\n".join([ECP5_CELLS, *flatten_commands(name),
+                                        *booth_commands(name)]),
         "synth_opts": f"{opts} -run begin:map_ram",
         "script_after_synth": "\n".join(
             [*yosys_collision_commands(), f"synth_ecp5 {opts} -top {name} -run map_ram:"]),

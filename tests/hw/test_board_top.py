@@ -63,9 +63,10 @@ def test_ulx3s_build_leaves_marked_collisions_undefined():
         script[second]
     # hw.synth's recipe, as the place-and-route benches have it: the narrow products
     # built in LUTs before synth_ecp5 (the N = 16 MVM would ask for 291 MULT18X18D of 156).
-    from hw.synth import ECP5_CELLS, booth_commands
+    from hw.synth import ECP5_CELLS, booth_commands, flatten_commands
     read = script.index("read_rtlil npu.il")
-    assert script[read + 1:first] == [ECP5_CELLS, *booth_commands("npu")], \
+    assert script[read + 1:first] == [ECP5_CELLS, *flatten_commands("npu"),
+                                      *booth_commands("npu")], \
         script[read + 1:first]
     assert script[first + 1:second] == yosys_collision_commands()
     assert script[second + 1].startswith("write_json npu.json"), script[second + 1:]

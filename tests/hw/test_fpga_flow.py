@@ -248,3 +248,20 @@ def test_booth_commands_are_every_flows():
     for bad in (0, 19):
         with pytest.raises(ValueError, match="max_width"):
             booth_commands("top", bad)
+
+
+def test_indexed_names_are_private_in_every_flow():
+    """Both flows flatten the design and hide the names of wires that end in an index
+    before synth_ecp5 (``hw.synth.flatten_commands``), with or without kept flip-flops,
+    with or without products."""
+    from bench.fpga import _yosys_script
+    from hw.board.board import build_overrides
+    from hw.synth import flatten_commands
+    cmds = flatten_commands("top")
+    assert cmds.index("flatten") < cmds.index("rename -hide w:*]")
+    for keep in (False, True):
+        for booth in (0, 8):
+            script = _yosys_script("top", ("-nowidelut",), booth, keep).splitlines()
+            assert script[1:1 + len(cmds)] == cmds, script
+    board = build_overrides("npu")["script_after_read"].splitlines()
+    assert board[1:1 + len(cmds)] == flatten_commands("npu"), board
