@@ -472,8 +472,9 @@ async def test_programs(dut, stalls):
     assert got == model.read(Space.MRF, 0, words), "MRF read-back differs from the model"
 
 
-#: Illegal programs: (name, assembler text or raw words, the error code expected; the
-#: model must agree). ``{n}`` is N, ``{big}`` a ROWS of two native vectors.
+#: Illegal programs: (name, assembler text or raw words, the error code expected, and
+#: optionally how many input vectors wait in the input queue; the model must agree).
+#: ``{n}`` is N, ``{big}`` a ROWS of two native vectors.
 ILLEGAL = [
     ("erased word", [0], ErrorCode.ILLEGAL_OPCODE),
     ("unassigned opcode", [31], ErrorCode.ILLEGAL_OPCODE),
@@ -507,6 +508,11 @@ ILLEGAL = [
     ("mrf slots", "v_rd ivrf, 0\nmv_mul {mrf}\nv_wr ivrf, 4\nend_chain\nend",
      ErrorCode.ADDRESS_RANGE),
     ("input underflow", "v_rd netq\nv_wr ivrf, 4\nend_chain\nend", ErrorCode.QUEUE_UNDERFLOW),
+    # One vector waits; the product takes two (its column tiles), where the chain's rows
+    # alone would take one: the check must see the mv_mul's C, which has_mv selects
+    # three instructions before the check (the shortest chain with a product).
+    ("input underflow of a product", "s_wr rows, {n}\ns_wr cols, {big}\nv_rd netq\n"
+     "mv_mul 0\nv_wr ivrf, 4\nend_chain\nend", ErrorCode.QUEUE_UNDERFLOW, 1),
     ("output overflow", "s_wr iterations, {netq}\ns_wr rows, {big}\nv_rd ivrf, 0\n"
      "v_wr netq\nend_chain\nend", ErrorCode.QUEUE_OVERFLOW),
     ("read beyond ivrf", "v_rd ivrf, {ivrf}\nv_wr ivrf, 0\nend_chain\nend",
@@ -537,10 +543,11 @@ async def test_illegal(dut):
                netq=cfg.netq_depth, ivrf=cfg.ivrf_depth, vrf_m2=cfg.vrf_depth - 2,
                vrf_m1=cfg.vrf_depth - 1)
     model = None
-    for what, text, code in ILLEGAL:
+    for what, text, code, *waiting in ILLEGAL:
         model = await fresh(tb, verified=model)
         if isinstance(text, str):
-            prog = img.program(text.format(**fmt), checked=False)
+            inputs = random_fp16(tb.rng, (waiting[0], n)) if waiting else None
+            prog = img.program(text.format(**fmt), inputs=inputs, checked=False)
         else:
             prog = SimpleNamespace(vectors=img.program("end").vectors, matrices=[],
                                    inputs=None, words=np.array(text, np.uint64))

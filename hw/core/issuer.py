@@ -23,7 +23,7 @@ from host.spec.mfu import mfu_layout
 from hw.core.decode import built_vrfs, iteration_bits, vrf_space
 from hw.core.feeder import feeder_layout
 from hw.core.reader import reader_layout
-from hw.core.scoreboard import IN_FLIGHT, Scoreboard
+from hw.core.scoreboard import IN_FLIGHT, Scoreboard, read_count
 from hw.core.vectors import checked_config, count_bits, pitch_bits
 from hw.core.writer import writer_layout
 from hw.mvm.mvm import command_layout
@@ -172,15 +172,22 @@ class Issuer(wiring.Component):
                          for k in vrf_built]
             m.d.sync += [vv_end_next[k].eq(advanced(desc.vv_end[k], desc.vv_inc[k]))
                          for k in vrf_built]
+        # Each read range selects between the two with a copy of `cur_valid` of its own
+        # (set and cleared as `cur_valid` is, but from its own value, so that synthesis
+        # does not merge the copies): `cur_valid` fans out widely, and its way to the
+        # multiplexers was a third of the core's critical path at 74.19 MHz (issue 36).
+        sel = [Signal(name=f"reads_cur{k}") for k in range(read_count(c))]
+        with m.If(take):
+            m.d.sync += [s.eq(1) for s in sel]
         reads_next = [(
-            Mux(cur_valid, cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
-            Mux(cur_valid, Value.cast(cur.rd_space), Value.cast(desc.rd_space)),
-            Mux(cur_valid, rd_next, desc.rd_addr), Mux(cur_valid, rd_end_next, desc.rd_end))]
-        for k in vrf_built:
+            Mux(sel[0], cur.rd_space != Space.NETQ, desc.rd_space != Space.NETQ),
+            Mux(sel[0], Value.cast(cur.rd_space), Value.cast(desc.rd_space)),
+            Mux(sel[0], rd_next, desc.rd_addr), Mux(sel[0], rd_end_next, desc.rd_end))]
+        for s, k in zip(sel[1:], vrf_built, strict=True):
             reads_next.append((
-                Mux(cur_valid, cur.vv_used[k], desc.vv_used[k]), vrf_space(k),
-                Mux(cur_valid, vv_next[k], vrf_base(desc.mfu, k)),
-                Mux(cur_valid, vv_end_next[k], desc.vv_end[k])))
+                Mux(s, cur.vv_used[k], desc.vv_used[k]), vrf_space(k),
+                Mux(s, vv_next[k], vrf_base(desc.mfu, k)),
+                Mux(s, vv_end_next[k], desc.vv_end[k])))
         for port, (on, space, lo, hi) in zip(sb.reads_next, reads_next, strict=True):
             m.d.comb += [port.on.eq(on), port.space.eq(space), port.lo.eq(lo), port.hi.eq(hi)]
         # The current iteration's write ranges; their ends kept beside the starts too.
@@ -240,7 +247,7 @@ class Issuer(wiring.Component):
             m.d.sync += [it_wr_end[k].eq(advanced(it_wr_end[k], cur.w_inc[k]))
                          for k in range(MAX_WRITES)]
             with m.If(left == 1):
-                m.d.sync += cur_valid.eq(0)
+                m.d.sync += [cur_valid.eq(0), *(s.eq(0) for s in sel)]
 
         m.d.comb += self.idle.eq(~cur_valid & sb.empty)
         return m

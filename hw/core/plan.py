@@ -293,14 +293,20 @@ class PlanCheck(wiring.Component):
         level_bits = len(self.inq_free)
         in_need = self.in_need
         in_need_next = Signal(len(in_need))
-        # C enters the product from a register of its own: has_mv's multiplexer in
-        # front of the MULT18X18D was the core alone's critical path at 61.72 MHz. C is
-        # final when cols_t is (has_mv, set by the mv_mul, at least two cycles before
-        # CHECK) or when length is (at least two), so c_in_q is one cycle later and
-        # in_need by CHECK, as e_mrf after mrf_base and pushes after len_iters.
-        c_in_q = Signal.like(self.c_in)
-        m.d.sync += c_in_q.eq(self.c_in)
-        m.d.comb += in_need_next.eq(r.iters * c_in_q)
+        # Both products of C's choices are registers, and has_mv selects between them
+        # after: has_mv's multiplexer in front of the MULT18X18D was the core alone's
+        # critical path at 61.72 MHz, and the product's way into under_q's compare (a
+        # MULT18X18D placed across the die) at 52.99 MHz. cols_t is final when has_mv
+        # is (set by the mv_mul, at least two cycles before CHECK) and length at least
+        # two cycles before CHECK, so the products are final a cycle later and in_need
+        # by CHECK, as e_mrf after mrf_base and pushes after len_iters. Each factor is
+        # cut to c_in's width, as the hand-off keeps C (above).
+        c_bits = len(self.c_in)
+        iters_cols = Signal(len(in_need))
+        iters_length = Signal(len(in_need))
+        m.d.sync += [iters_cols.eq(r.iters * cols_t[:c_bits]),
+                     iters_length.eq(r.iters * length[:c_bits])]
+        m.d.comb += in_need_next.eq(Mux(has_mv, iters_cols, iters_length))
 
         def over(count_next, level, gained):
             """``count > level`` next cycle, for a level that gains one with ``gained``."""

@@ -34,7 +34,7 @@ from hw.core.plan import PLAN_REGISTERS, PlanCheck, parsed_chain_layout
 from tests.hw.test_npu_hw import ALL_BUILDS
 
 #: Cycles from a change of the inputs until every registered term has followed it (the
-#: longest chains of registers: pix, cols_t, mrf_base, e_mrf and pix, cols_t, c_in_q,
+#: longest chains of registers: pix, cols_t, mrf_base, e_mrf and pix, cols_t, iters_cols,
 #: in_need); the front end gives more.
 SETTLE = 6
 
