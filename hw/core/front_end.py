@@ -142,6 +142,13 @@ class FrontEnd(wiring.Component):
         # them it ended the core's critical path, 66.7 MHz). `pc` and the run's error
         # read through the flag, so every output has the value of every cycle it had.
         hz_fail = Signal()
+        # The same for the plan's last check, the vector ranges (PlanCheck.range_error):
+        # CHECK passes to HAZARD whatever it says and sets this flag from it, and HAZARD
+        # with the flag set drops the walk and is the first cycle of DRAIN, which moves
+        # the flag into pend_code and pend_index (timing closure: the check's compares,
+        # final only in CHECK, through the code and index multiplexers into pend_code,
+        # were the board's critical path, 70.97 MHz).
+        rg_fail = Signal()
         m.d.comb += [self.error.eq(err_code), self.done.eq(done), self.cycles.eq(cycles)]
         with m.If(self.error_clear):
             m.d.sync += err_code.eq(ErrorCode.NONE)
@@ -191,7 +198,7 @@ class FrontEnd(wiring.Component):
         # Chain being parsed (hw.core.plan.parsed_chain_layout), and its MFU allocation.
         chain = Signal(parsed_chain_layout(c))
         at = chain.at                               # index of its v_rd
-        m.d.comb += self.pc.eq(Mux(hz_fail, at, pend_index))
+        m.d.comb += self.pc.eq(Mux(hz_fail | rg_fail, at, pend_index))
         rd_space, rd_op, rd_inc = chain.rd_space, chain.rd_op, chain.rd_inc
         has_mv, mv_op, mv_inc = chain.has_mv, chain.mv_op, chain.mv_inc
         vv_used = chain.vv_used
@@ -238,6 +245,8 @@ class FrontEnd(wiring.Component):
             m.d.comb += [port.used.eq(r_used), port.space.eq(r_space),
                          port.start.eq(r_start), port.inc.eq(r_inc), port.prod.eq(r_prod)]
         m.d.comb += [walk.length.eq(length), walk.last_iter.eq(last_iter)]
+        # rg_fail is set only in CHECK, for HAZARD's first cycle, which clears it.
+        m.d.comb += walk.abort.eq(rg_fail)
 
         # Hand-off register: a checked chain for the issuer.
         desc_valid, desc = self.chains.valid, self.chains.payload
@@ -251,6 +260,20 @@ class FrontEnd(wiring.Component):
 
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
+
+        def drain():
+            """A cycle of DRAIN: the run ends when the back end is empty."""
+            m.d.comb += [prog_addr.eq(0), read0.eq(1)]
+            flagged = Mux(hz_fail, ErrorCode.HAZARD, ErrorCode.ADDRESS_RANGE)
+            with m.If(hz_fail | rg_fail):
+                m.d.sync += [pend_code.eq(flagged), pend_index.eq(at), hz_fail.eq(0),
+                             rg_fail.eq(0)]
+            with m.If(self.be_idle & ~desc_valid):
+                m.d.sync += [running.eq(0), done.eq(1),
+                             err_code.eq(Mux(hz_fail | rg_fail, flagged, pend_code))]
+                m.next = "IDLE"
+            with m.Else():
+                m.next = "DRAIN"
 
         func = dec.func
         with m.FSM(name="fe"):
@@ -380,9 +403,12 @@ class FrontEnd(wiring.Component):
                         m.next = "DRAIN"
                 with m.Else():
                     m.d.comb += walk.start.eq(1)
+                    m.d.sync += rg_fail.eq(plan.range_error)
                     m.next = "HAZARD"
             with m.State("HAZARD"):
-                with m.If(walk.clear):
+                with m.If(rg_fail):
+                    drain()
+                with m.Elif(walk.clear):
                     m.next = "HANDOFF"
                 with m.Elif(walk.hazard):
                     m.d.sync += hz_fail.eq(1)
@@ -424,14 +450,7 @@ class FrontEnd(wiring.Component):
                     ]
                 m.next = "EXEC"
             with m.State("DRAIN"):
-                m.d.comb += [prog_addr.eq(0), read0.eq(1)]
-                with m.If(hz_fail):
-                    m.d.sync += [pend_code.eq(ErrorCode.HAZARD), pend_index.eq(at),
-                                 hz_fail.eq(0)]
-                with m.If(self.be_idle & ~desc_valid):
-                    m.d.sync += [running.eq(0), done.eq(1),
-                                 err_code.eq(Mux(hz_fail, ErrorCode.HAZARD, pend_code))]
-                    m.next = "IDLE"
+                drain()
 
         with m.If(desc_take):
             m.d.sync += desc_valid.eq(0)

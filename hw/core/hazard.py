@@ -83,8 +83,9 @@ class HazardWalk(wiring.Component):
     """The hazard walk of one checked chain (module docstring).
 
     The front end's ``CHECK`` state loads the candidate pairs (the pairs whose two ranges
-    are used and in one memory) and, when the chain passes its other checks, starts the
-    walk; the walk's answer comes in one of the following cycles. Every input must hold
+    are used and in one memory) and, when the chain passes its other checks but the
+    vector ranges, starts the walk (and aborts it in its first cycle when a range
+    failed); the walk's answer comes in one of the following cycles. Every input must hold
     its chain's final value from the cycle before ``CHECK`` until the walk ends.
 
     Parameters
@@ -106,6 +107,10 @@ class HazardWalk(wiring.Component):
     start : ``In(1)``
         ``CHECK`` passes: the walk starts at the next clock edge (with the candidates
         loaded in ``CHECK``).
+    abort : ``In(1)``
+        The front end drops the walk (the chain failed its range check in ``CHECK``,
+        :attr:`hw.core.plan.PlanCheck.range_error`): the walk is idle at the next clock
+        edge, and ``clear`` and ``hazard`` of this cycle mean nothing.
     clear : ``Out(1)``
         This cycle ends the walk: no hazard. Combinational, as ``hazard``.
     hazard : ``Out(1)``
@@ -125,6 +130,7 @@ class HazardWalk(wiring.Component):
             "last_iter": In(iteration_bits(config)),
             "to_check": In(1),
             "start": In(1),
+            "abort": In(1),
             "clear": Out(1),
             "hazard": Out(1),
         })
@@ -245,7 +251,9 @@ class HazardWalk(wiring.Component):
                 m.next = "PICK"
             with m.State("PICK"):
                 # haz_next drops the pair decided here (at_pick).
-                with m.If(haz_mask == 0):
+                with m.If(self.abort):
+                    m.next = "IDLE"
+                with m.Elif(haz_mask == 0):
                     m.d.comb += self.clear.eq(1)
                     m.next = "IDLE"
                 with m.Elif(pick_short):
@@ -261,7 +269,9 @@ class HazardWalk(wiring.Component):
             with m.State("STEP"):
                 # The step is at least the interval: walk the iterations until the
                 # difference reaches or passes the interval.
-                with m.If((hz_d > hz_lo) & (hz_d < hz_hi)):
+                with m.If(self.abort):
+                    m.next = "IDLE"
+                with m.Elif((hz_d > hz_lo) & (hz_d < hz_hi)):
                     m.d.comb += self.hazard.eq(1)
                     m.next = "IDLE"
                 with m.Elif((hz_i == walk_last) | ((hz_s > 0) & (hz_d >= hz_hi))

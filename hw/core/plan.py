@@ -115,11 +115,17 @@ class PlanCheck(wiring.Component):
         cycle: ``inq_free`` and ``outq_room`` are one more in the next (the queue checks
         are registered from next cycle's levels).
     error : ``Out(ErrorCode)``
-        The first check that fails, NONE when all pass; valid in the front end's
-        ``CHECK`` (see the module's docstring).
+        The first check that fails but the last, NONE when they pass; valid in the
+        front end's ``CHECK`` (see the module's docstring).
     error_at : ``Out(PROGRAM_ADDR_BITS + 1)``
         The instruction it names: the ``v_rd``, the ``mv_mul`` (the static exponent and
         the MRF range) or the ``v_wr`` (a space that does not exist).
+    range_error : ``Out(1)``
+        The last check, apart: a vector range beyond its memory (ADDRESS_RANGE, naming
+        the ``v_rd``), valid in ``CHECK``. The front end reads it only when ``error`` is
+        NONE, and only as one flag's input: its compares are the last (the writes'
+        products are final only by ``CHECK``), and the check's code, index and next
+        state were the board's critical path behind them (issue 36, 70.97 MHz).
     length : ``Out(mfu.length_bits)``
         Native vectors of a row tile, ``ceil(ROWS / n)``, a cycle after ROWS.
     lanes_last : ``Out(mfu.lanes_bits)``
@@ -164,6 +170,7 @@ class PlanCheck(wiring.Component):
             "outq_popped": In(1),
             "error": Out(ErrorCode),
             "error_at": Out(PROGRAM_ADDR_BITS + 1),
+            "range_error": Out(1),
             "length": Out(c.mfu.length_bits),
             "lanes_last": Out(c.mfu.lanes_bits),
             "pix": Out(count_bits(c), init=1),
@@ -358,7 +365,7 @@ class PlanCheck(wiring.Component):
                          room.eq(space_depth(ch.w_space[k]) - ch.w_op[k] - length),
                          on.eq((k < ch.n_wr) & (ch.w_space[k] != Space.NETQ))]
             tops.append(on & (self.w_prod[k] > room))
-        e_range = any_of(tops)
+        m.d.comb += self.range_error.eq(any_of(tops))
 
         checks = [
             (e_space, ErrorCode.ILLEGAL_FIELD, e_space_at),
@@ -367,7 +374,6 @@ class PlanCheck(wiring.Component):
             (e_mrf, ErrorCode.ADDRESS_RANGE, at_next),
             (e_under, ErrorCode.QUEUE_UNDERFLOW, ch.at),
             (e_over, ErrorCode.QUEUE_OVERFLOW, ch.at),
-            (e_range, ErrorCode.ADDRESS_RANGE, ch.at),
         ]
         m.d.comb += self.error.eq(ErrorCode.NONE)
         for cond, code, index in reversed(checks):     # the first failing one wins

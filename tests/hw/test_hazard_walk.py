@@ -59,9 +59,13 @@ class Chain:
         return bool(found)
 
 
-def walk(config, chains):
+def walk(config, chains, aborts=None):
     """Run each chain through a fresh cycle of ``to_check``, ``start``; returns
-    ``[(hazard, cycles)]``, cycles counted from the first after ``start``."""
+    ``[(hazard, cycles)]``, cycles counted from the first after ``start``. ``aborts``
+    maps a chain's index to the cycle in which ``abort`` drops its walk: its entry is
+    then ``("aborted", cycles)``, and the walk must stay idle for 12 cycles (longer than
+    the chains of the tests walk)."""
+    aborts = aborts or {}
     dut = HazardWalk(config)
     keys = pair_keys(config)
     out = []
@@ -88,6 +92,12 @@ def walk(config, chains):
             await ctx.tick()
             ctx.set(dut.start, 0)
             for cycles in range(1, LIMIT):
+                if aborts.get(len(out)) == cycles:
+                    ctx.set(dut.abort, 1)
+                    await ctx.tick()
+                    ctx.set(dut.abort, 0)
+                    out.append(("aborted", cycles))
+                    break
                 clear, hazard = ctx.get(dut.clear), ctx.get(dut.hazard)
                 assert not (clear and hazard), "clear and hazard at once"
                 await ctx.tick()
@@ -97,7 +107,7 @@ def walk(config, chains):
             else:
                 raise AssertionError(f"no answer in {LIMIT} cycles")
             # Idle cycles between chains: the walk holds no answer.
-            for _ in range(3):
+            for _ in range(12 if out[-1][0] == "aborted" else 3):
                 assert not ctx.get(dut.clear) and not ctx.get(dut.hazard), "answer when idle"
                 await ctx.tick()
 
@@ -184,6 +194,22 @@ def test_directed(what, ranges, length, iters, hazard, cycles):
         chain.set(key, *r)
     assert chain.model_says() == hazard, f"{what}: the model disagrees with the case"
     assert walk(config, [chain]) == [(hazard, cycles)], what
+
+
+def test_abort_drops_the_walk():
+    """The front end aborts the walk of a chain that failed its range check, in the
+    walk's first cycle (PICK); a walk in STEP stops too. The walk is then idle, and the
+    next chain's walk is as if it ran alone."""
+    config = _config()
+    long_walk = Chain(config, 4, 5)         # 6 cycles, no hazard (test_directed)
+    long_walk.set(("w", 0), Space.IVRF, 0, 8)
+    long_walk.set(("r",), Space.IVRF, 16, 0)
+    hazard = Chain(config, 4, 5)            # 4 cycles, a hazard
+    hazard.set(("w", 0), Space.IVRF, 1, 8)
+    hazard.set(("r",), Space.IVRF, 16, 0)
+    got = walk(config, [long_walk, hazard, long_walk, hazard],
+               aborts={0: 1, 2: 3})
+    assert got == [("aborted", 1), (True, 4), ("aborted", 3), (True, 4)]
 
 
 def test_constructor_errors():
