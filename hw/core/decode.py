@@ -6,7 +6,8 @@ so a word the model refuses is refused here with the same :class:`host.spec.isa.
 
 The core decodes a word when the host writes it (:class:`WordCheck`) and keeps the verdict
 beside the word in the program memory (:data:`PREDECODE_LAYOUT`), so that the fetched
-word's checks are a few stored bits instead of the decoder's logic (issue 36, timing).
+word's checks and the front end's decision terms are stored bits instead of the
+decoder's logic (issue 36, timing).
 """
 
 from amaranth.hdl import Module, Mux, Signal
@@ -25,7 +26,7 @@ from host.spec.ops import UnaryOp
 from hw.core.vectors import checked_config
 
 __all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "FETCHED_TERMS_LAYOUT", "FetchedTerms", "verdict_error", "iteration_bits",
+           "FETCHED_TERMS_LAYOUT", "verdict_error", "iteration_bits",
            "built_vrfs", "vrf_space"]
 
 
@@ -146,14 +147,34 @@ class Verdict(enum.Enum, shape=2):
     ILLEGAL_FIELD = 2
 
 
+#: The terms of a word that the front end's decisions test, stored with the word (in
+#: :data:`PREDECODE_LAYOUT`) so that they come out of the program memory's register
+#: with no logic after the block RAM (issue 36, timing): ``legal`` (its verdict is NONE);
+#: one flag per opcode the front end tells apart, each set only for a legal word;
+#: ``mfu_op`` for a legal ``vv``, ``v_unary`` or ``v_reduce``; ``unit_bit``, the one-hot of
+#: the op's MFU unit, for such an op only. All zero for an all-zero word.
+FETCHED_TERMS_LAYOUT = data.StructLayout({
+    "legal": 1, "end": 1, "s_wr": 1, "v_rd": 1, "mv_mul": 1, "mfu_op": 1, "v_wr": 1,
+    "end_chain": 1, "unit_bit": 4,
+})
+
+# The opcodes behind each opcode flag of FETCHED_TERMS_LAYOUT.
+_TERM_OPCODES = {"end": (Opcode.END,), "s_wr": (Opcode.S_WR,), "v_rd": (Opcode.V_RD,),
+                 "mv_mul": (Opcode.MV_MUL,),
+                 "mfu_op": (Opcode.VV, Opcode.V_UNARY, Opcode.V_REDUCE),
+                 "v_wr": (Opcode.V_WR,), "end_chain": (Opcode.END_CHAIN,)}
+
+
 #: The bits the core stores beside each 64-bit program word, all zero for an all-zero
 #: word: the decoder's :class:`Verdict`; whether an ``s_wr``'s operand is outside its
 #: register's range (``REGISTER_VALUE`` when the word runs, if the verdict is NONE); the
 #: MFU unit of a ``vv``, ``v_unary`` or ``v_reduce`` (``ADDSUB``, code 0, for any other
 #: opcode); whether a ``v_unary``'s function is one the build does not have
-#: (``ILLEGAL_OPCODE`` at the chain's check).
+#: (``ILLEGAL_OPCODE`` at the chain's check); the front end's decision terms
+#: (:data:`FETCHED_TERMS_LAYOUT`).
 PREDECODE_LAYOUT = data.StructLayout({"verdict": Verdict, "s_wr_out_of_range": 1,
-                                      "unit": MfuUnit, "unary_unbuilt": 1})
+                                      "unit": MfuUnit, "unary_unbuilt": 1,
+                                      "terms": FETCHED_TERMS_LAYOUT})
 
 
 class WordCheck(wiring.Component):
@@ -171,7 +192,7 @@ class WordCheck(wiring.Component):
         The instruction word.
     predecode : ``Out(PREDECODE_LAYOUT)``
         Its :class:`Verdict` (:class:`InstructionDecoder`'s error), the ``s_wr`` range
-        flag, the op's MFU unit and the unbuilt-function flag.
+        flag, the op's MFU unit, the unbuilt-function flag and the decision terms.
 
     Raises
     ------
@@ -213,6 +234,12 @@ class WordCheck(wiring.Component):
                 m.d.comb += out.unit.eq(MfuUnit.REDUCE)
         m.d.comb += out.unary_unbuilt.eq((op == Opcode.V_UNARY.value)
                                          & ~_one_of(func, [u.value for u in self._unary_ops]))
+        terms = out.terms
+        m.d.comb += terms.legal.eq(dec.error == ErrorCode.NONE)
+        for name, codes in _TERM_OPCODES.items():
+            m.d.comb += getattr(terms, name).eq(terms.legal
+                                                & _one_of(op, [o.value for o in codes]))
+        m.d.comb += terms.unit_bit.eq(Mux(terms.mfu_op, 1 << out.unit.as_value(), 0))
         return m
 
 
@@ -231,56 +258,3 @@ def verdict_error(m, verdict):
     return error
 
 
-#: The fetched word's terms that the front end's decisions test (:class:`FetchedTerms`):
-#: ``illegal`` (its verdict is not NONE); one flag per opcode the front end tells apart,
-#: each set only for a legal word; ``mfu_op`` for a legal ``vv``, ``v_unary`` or
-#: ``v_reduce``; ``unit_bit``, the one-hot of its stored MFU unit.
-FETCHED_TERMS_LAYOUT = data.StructLayout({
-    "illegal": 1, "end": 1, "s_wr": 1, "v_rd": 1, "mv_mul": 1, "mfu_op": 1, "v_wr": 1,
-    "end_chain": 1, "unit_bit": 4,
-})
-
-# The opcodes behind each opcode flag of FETCHED_TERMS_LAYOUT.
-_TERM_OPCODES = {"end": (Opcode.END,), "s_wr": (Opcode.S_WR,), "v_rd": (Opcode.V_RD,),
-                 "mv_mul": (Opcode.MV_MUL,),
-                 "mfu_op": (Opcode.VV, Opcode.V_UNARY, Opcode.V_REDUCE),
-                 "v_wr": (Opcode.V_WR,), "end_chain": (Opcode.END_CHAIN,)}
-
-
-class FetchedTerms(wiring.Component):
-    """The terms of the fetched word, computed a cycle early (issue 36, timing).
-
-    The front end registers the program memory's output (``iw``) before decoding it, and
-    ``iw`` takes the read port's data every cycle. These terms are computed from that
-    same data and registered beside ``iw``, so in every cycle they are the terms of the
-    word ``iw`` holds, and the opcode's and verdict's compares are no longer in front of
-    the front end's decisions. Their reset values are those of the all-zero word, ``iw``'s
-    reset value.
-
-    Attributes
-    ----------
-    stored : ``In(64 + PREDECODE_LAYOUT.size)``
-        The program memory's read data: the word, then its :data:`PREDECODE_LAYOUT`.
-    terms : ``Out(FETCHED_TERMS_LAYOUT)``
-        The terms of the word read the cycle before (registered, sync domain).
-    """
-
-    def __init__(self):
-        # The all-zero word's terms: its verdict (code 0) is ILLEGAL_OPCODE, so every
-        # opcode flag is clear, and its unit is code 0.
-        zero = {"illegal": 1, "unit_bit": 1 << MfuUnit(0).value}
-        super().__init__({"stored": In(WORD_BITS + PREDECODE_LAYOUT.size),
-                          "terms": Out(FETCHED_TERMS_LAYOUT, init=zero)})
-
-    def elaborate(self, platform):
-        m = Module()
-        off, width = FIELDS["opcode"]
-        opcode = self.stored[off:off + width]
-        checked = data.View(PREDECODE_LAYOUT, self.stored[WORD_BITS:])
-        legal = checked.verdict == Verdict.NONE
-        out = self.terms
-        m.d.sync += [out.illegal.eq(~legal),
-                     out.unit_bit.eq(1 << checked.unit.as_value())]
-        for name, codes in _TERM_OPCODES.items():
-            m.d.sync += getattr(out, name).eq(legal & _one_of(opcode, [o.value for o in codes]))
-        return m

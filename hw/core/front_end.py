@@ -18,7 +18,6 @@ from host.spec.isa import MAX_WRITES, REG_DEFAULTS, ErrorCode, Reg, Space, regis
 from host.spec.mfu import UNITS, MfuUnit, mfu_layout
 from hw.core.decode import (
     PREDECODE_LAYOUT,
-    FetchedTerms,
     InstructionDecoder,
     built_vrfs,
     verdict_error,
@@ -169,17 +168,17 @@ class FrontEnd(wiring.Component):
         advance = Signal()                # the instruction at pc is consumed
         iw = Signal(len(self.prog_data))
         m.d.sync += iw.eq(self.prog_data)
-        # The terms of iw's word that the decisions below test (its opcode's class, its
-        # verdict, its unit's one-hot), registered from the same read data as iw: the
-        # compares are then not in front of CHAIN's MFU allocation (issue 36, timing).
-        # Each flag of an opcode is set for a legal word only, so EXEC and CHAIN test
-        # them before `word` (illegal), in an order that changes no decision.
-        m.submodules.fetched = fetched = FetchedTerms()
-        m.d.comb += fetched.stored.eq(self.prog_data)
-        word = fetched.terms
         m.d.comb += [dec.word.eq(iw[:64]), prog_addr.eq(pc)]
-        # The word's checks as stored (hw.core.decode.PREDECODE_LAYOUT).
+        # The word's checks as stored (hw.core.decode.PREDECODE_LAYOUT), and the terms
+        # the decisions below test (its opcode's class, its verdict, its unit's
+        # one-hot), stored with it: they come from iw's flip-flops, with no compare after
+        # the block RAM's read (issue 36, timing: the read through the terms' decode
+        # was the core alone's critical path at seed 2, 73.76 MHz). Each flag of an
+        # opcode is set for a legal word only, so EXEC and CHAIN test them before
+        # `illegal`, in an order that changes no decision.
         checked = data.View(PREDECODE_LAYOUT, iw[64:])
+        word = checked.terms
+        illegal = ~word.legal
         word_error = verdict_error(m, checked.verdict)
         read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
         fetched0 = Signal()               # and the last did, with no write there
@@ -329,7 +328,7 @@ class FrontEnd(wiring.Component):
                     ]
                     m.d.sync += [u.eq(0) for u in used] + [s.eq(0) for s in slots]
                     m.next = "CHAIN"
-                with m.Elif(word.illegal):
+                with m.Elif(illegal):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
                     m.next = "DRAIN"
                 with m.Else():
@@ -375,7 +374,7 @@ class FrontEnd(wiring.Component):
                         m.d.comb += advance.eq(1)
                         m.d.comb += walk.to_check.eq(1)
                         m.next = "CHECK"
-                with m.Elif(word.illegal):
+                with m.Elif(illegal):
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
                     m.next = "DRAIN"
                 with m.Else():
@@ -465,8 +464,8 @@ class FrontEnd(wiring.Component):
         and the unit, from the unit sets), and where there is none the chain fails."""
         func = dec.func
         # The op's unit and whether its function is built: decoded when the word was
-        # written (hw.core.decode.WordCheck); unit_bit, its one-hot, is registered with
-        # the word (FetchedTerms).
+        # written (hw.core.decode.WordCheck); unit_bit, its one-hot, is stored with
+        # the word too.
         unit = checked.unit
         with m.If(checked.unary_unbuilt & ~unbuilt):
             m.d.sync += [unbuilt.eq(1), unbuilt_at.eq(pc)]

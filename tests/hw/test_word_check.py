@@ -1,6 +1,5 @@
-"""The program word's checks done at write time (``hw.core.decode.WordCheck``), and the
-terms the front end registers from the fetched word (``hw.core.decode.FetchedTerms``), in
-Amaranth's simulator, against the ISA's own decoder (``host.spec.isa.decode``) and the
+"""The program word's checks done at write time (``hw.core.decode.WordCheck``), with the
+decision terms the front end reads from the fetched word, in Amaranth's simulator, against the ISA's own decoder (``host.spec.isa.decode``) and the
 model's register ranges (``host.spec.isa.register_limits``).
 
 The core keeps ``WordCheck``'s verdict beside each word and fails a run on it instead of
@@ -13,13 +12,13 @@ field that must be zero set, every register's range edges, and seeded random wor
 import random
 
 import pytest
-from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
 from host.spec.config import parse_config
 from host.spec.isa import (
     FIELDS,
     ErrorCode,
+    Instruction,
     IsaError,
     Opcode,
     Reg,
@@ -28,7 +27,8 @@ from host.spec.isa import (
     register_limits,
 )
 from host.spec.mfu import MfuOp
-from hw.core.decode import FetchedTerms, Verdict, WordCheck
+from host.spec.ops import BinaryOp, ReduceOp, UnaryOp
+from hw.core.decode import Verdict, WordCheck
 
 #: Preset ulx3s_n4 has every unary function; UNARY_PART builds only relu and tanh.
 CONFIG = parse_config("ulx3s_n4")
@@ -78,6 +78,11 @@ def directed_words():
         words.append(word(opcode=op, space=Space.NETQ.value))
         for name in ("reserved", "func", "inc", "operand", "space"):
             words.append(word(**{"opcode": op, "space": Space.IVRF.value, name: 1}))
+    # Every MFU op, legal: each unit's decision term is reached.
+    for opcode, funcs in ((Opcode.VV, BinaryOp), (Opcode.V_UNARY, UnaryOp),
+                          (Opcode.V_REDUCE, ReduceOp)):
+        operand = 3 if opcode is Opcode.VV else 0
+        words += [Instruction(opcode, func=f, operand=operand).encode() for f in funcs]
     for reg in Reg:
         lo, hi = LIMITS[reg]
         for v in {lo - 1, lo, lo + 1, hi - 1, hi, hi + 1, (1 << FIELDS["operand"][1]) - 1}:
@@ -142,7 +147,8 @@ def test_random_words(seed):
 
 def test_an_all_zero_word_is_stored_as_zero_bits():
     """The program memory's power-on contents (all zero) must read as an all-zero word's
-    checks: the verdict of opcode 0 is code 0 and the range flag is clear."""
+    checks: the verdict of opcode 0 is code 0, the range flag is clear and so is every
+    decision term (``legal`` among them)."""
     assert expected(0) == {"verdict": Verdict.ILLEGAL_OPCODE}
     assert Verdict.ILLEGAL_OPCODE.value == 0
     seen = []
@@ -158,68 +164,48 @@ def test_an_all_zero_word_is_stored_as_zero_bits():
     assert seen == [0], f"an all-zero word's checks are {seen[0]:#x}, not 0"
 
 
-#: FetchedTerms' opcode flags and the opcodes that set them.
+#: The decision terms' opcode flags (``FETCHED_TERMS_LAYOUT``) and the opcodes that set them.
 TERM_OPCODES = {"end": {Opcode.END}, "s_wr": {Opcode.S_WR}, "v_rd": {Opcode.V_RD},
                 "mv_mul": {Opcode.MV_MUL}, "mfu_op": {Opcode.VV, Opcode.V_UNARY, Opcode.V_REDUCE},
                 "v_wr": {Opcode.V_WR}, "end_chain": {Opcode.END_CHAIN}}
 
 
 def expected_terms(w):
-    """FetchedTerms' terms of word ``w`` by the ISA's decoder: ``illegal`` where it refuses
-    the word, each opcode flag for a legal word of its opcodes; for a legal word the
-    one-hot of the op's unit (of ADDSUB, unit code 0, for a word that is not an op). The
-    unit of an illegal word is not read (the core fails the run on it), so not compared."""
+    """The decision terms of word ``w`` by the ISA's decoder: ``legal`` where it accepts
+    the word, each opcode flag for a legal word of its opcodes, and for a legal ``vv``,
+    ``v_unary`` or ``v_reduce`` the one-hot of its unit (0 for every other word)."""
     try:
         ins = decode(w)
     except IsaError:
-        return {"illegal": 1} | {name: 0 for name in TERM_OPCODES}
-    out = {"illegal": 0, "unit_bit": 1}
+        return {"legal": 0, "unit_bit": 0} | {name: 0 for name in TERM_OPCODES}
+    out = {"legal": 1, "unit_bit": 0}
     out |= {name: int(ins.opcode in codes) for name, codes in TERM_OPCODES.items()}
-    unit = expected(w).get("unit")
-    if unit is not None:
-        out["unit_bit"] = 1 << unit.value
+    if out["mfu_op"]:
+        out["unit_bit"] = 1 << expected(w)["unit"].value
     return out
 
 
-def run_terms(words):
-    """Clock ``words`` through WordCheck (as the host's write stores them) into
-    FetchedTerms' read data, one per cycle; return the terms before the first edge and
-    after each."""
-    m = Module()
-    m.submodules.check = check = WordCheck(CONFIG)
-    m.submodules.terms = dut = FetchedTerms()
-    m.d.comb += dut.stored.eq(check.word | (check.predecode.as_value() << 64))
-    names = list(TERM_OPCODES) + ["illegal", "unit_bit"]
+def test_stored_terms_are_the_words_terms():
+    """Directed and random words: the decision terms WordCheck stores with each word are
+    those of the ISA's decoder. Every flag is seen set and clear, every unit's bit set."""
+    words = directed_words() + random_words(1500, 3)
+    dut = WordCheck(CONFIG)
+    names = list(TERM_OPCODES) + ["legal", "unit_bit"]
     seen = []
 
     async def bench(ctx):
-        seen.append({name: ctx.get(getattr(dut.terms, name)) for name in names})
         for w in words:
-            ctx.set(check.word, w)
-            await ctx.tick()
-            seen.append({name: ctx.get(getattr(dut.terms, name)) for name in names})
+            ctx.set(dut.word, w)
+            seen.append({name: ctx.get(getattr(dut.predecode.terms, name)) for name in names})
 
-    sim = Simulator(m)
-    sim.add_clock(1e-6)
+    sim = Simulator(dut)
     sim.add_testbench(bench)
     sim.run()
-    return seen
-
-
-def test_fetched_terms_are_the_words_terms_a_cycle_later():
-    """Directed and random words: after each edge the terms are those of the word read
-    the cycle before (the word iw takes at that edge), and before the first edge those of
-    the all-zero word, iw's reset value. Every flag is seen set and clear."""
-    words = directed_words() + random_words(1500, 3)
-    assert words[0] == 0
-    seen = run_terms(words)
-    assert seen[0] == seen[1], f"reset terms {seen[0]}, the all-zero word's {seen[1]}"
-    for w, got in zip(words, seen[1:], strict=True):
-        want = expected_terms(w)
-        assert {k: got[k] for k in want} == want, f"word {w:#018x}: terms {got}"
-    for name in TERM_OPCODES:
+    for w, got in zip(words, seen, strict=True):
+        assert got == expected_terms(w), f"word {w:#018x}: terms {got}"
+    for name in list(TERM_OPCODES) + ["legal"]:
         assert {got[name] for got in seen} == {0, 1}, name
-    assert {got["unit_bit"] for got in seen} == {1, 2, 4, 8}
+    assert {got["unit_bit"] for got in seen} == {0, 1, 2, 4, 8}
 
 
 def test_config_must_be_an_npu_config():
