@@ -52,8 +52,9 @@ class FrontEnd(wiring.Component):
         Its read data, the word at the address of the cycle before (a registered read,
         not transparent): the word, then its ``PREDECODE_LAYOUT`` checks.
     prog_w : ``In(hw.core.host_access.program_port_layout(config))``
-        The host's write of the program memory this cycle (a run starts with no fetch
-        cycle only when neither it nor the cycle before wrote the first two words).
+        The host's write of the program memory this cycle; never in the cycle of
+        ``run`` (the core's host requests wait then). A run starts with no fetch cycle
+        only when the cycle before did not write the first word.
     prog_len : ``In(range(program_depth + 1))``
         The program's length; fetching at or beyond it is PROGRAM_RANGE.
     inq_free, outq_room : ``In(range(netq_depth + 1))``
@@ -161,10 +162,10 @@ class FrontEnd(wiring.Component):
         # HANDOFF hands off, so EXEC finds the instruction at pc in iw and the next one
         # in the read port, as the unregistered read had them. A run goes to EXEC at
         # once when the cycle before its `run` pulse read address 0 (IDLE and DRAIN
-        # read it) and wrote nothing there, and no write to address 1 comes with the
-        # pulse: iw then holds word 0 and the pulse's cycle reads word 1, each with the
-        # writes the unregistered read saw. Otherwise (a run right after a reset, a
-        # refused run or such a write) FETCH reads them as before: one cycle more.
+        # read it) and wrote nothing there (no write comes with the pulse: prog_w): iw
+        # then holds word 0 and the pulse's cycle reads word 1, each with the writes the
+        # unregistered read saw. Otherwise (a run right after a reset, a refused run or
+        # such a write) FETCH reads them as before: one cycle more.
         advance = Signal()                # the instruction at pc is consumed
         iw = Signal(len(self.prog_data))
         m.d.sync += iw.eq(self.prog_data)
@@ -183,7 +184,6 @@ class FrontEnd(wiring.Component):
         read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
         fetched0 = Signal()               # and the last did, with no write there
         m.d.sync += fetched0.eq(read0 & ~(self.prog_w.en & (self.prog_w.addr == 0)))
-        write1 = self.prog_w.en & (self.prog_w.addr == 1)
         # pc_out is `pc >= self.prog_len`, registered: the compare runs on this cycle's pc + 1
         # and the late `advance` only selects it, so the carry chain is not in front of
         # EXEC's and CHAIN's decisions (issue 36, timing). self.prog_len changes only on host
@@ -284,10 +284,10 @@ class FrontEnd(wiring.Component):
                         m.d.comb += [prog_addr.eq(0), read0.eq(1)]
                     with m.Else():
                         m.d.sync += [running.eq(1), pc.eq(0),
-                                     pc_out.eq((self.prog_len == 0) & ~self.prog_w.en)]
+                                     pc_out.eq(self.prog_len == 0)]
                         for reg in Reg:
                             m.d.sync += regs[reg].eq(regs[reg].init)
-                        with m.If(fetched0 & ~write1):
+                        with m.If(fetched0):
                             m.d.comb += prog_addr.eq(1)
                             m.next = "EXEC"
                         with m.Else():

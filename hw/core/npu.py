@@ -106,7 +106,8 @@ class NpuCore(wiring.Component):
         Everything but the memory contents to its power-on state: run stopped, queues
         empty, program length 0, counters and errors zero.
 
-    Host requests other than ``inq``/``outq`` wait while a program runs.
+    Host requests other than ``inq``/``outq`` wait while a program runs, and in the
+    cycle of ``run``.
 
     Raises
     ------
@@ -266,7 +267,11 @@ class NpuCore(wiring.Component):
         wiring.connect(m, host.mvm_mrf_r_req, mvm.mrf_r_req)
         wiring.connect(m, mvm.mrf_r_resp, host.mvm_mrf_r_resp)
         prog = host.prog
-        m.d.comb += [host.open.eq(~running), host.rd_data.eq(mems.rd_data),
+        # Host requests wait in the cycle of `run` too, so the front end's choice of its
+        # first read address needs no term of a program write in that cycle (issue 36,
+        # timing: the link's write request through the address compares into the
+        # program memory's read address was the board's critical path, 63.00 MHz).
+        m.d.comb += [host.open.eq(~running & ~self.run), host.rd_data.eq(mems.rd_data),
                      prog_wp.en.eq(prog.en), prog_wp.addr.eq(prog.addr),
                      prog_wp.data.eq(prog.data)]
         with m.If(host.access_set != ErrorCode.NONE):

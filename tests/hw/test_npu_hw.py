@@ -158,3 +158,31 @@ def test_reset_on_a_global_line_for_the_ecp5():
     plain = rtlil.convert(NpuCore(cfg), name="npu", emit_src=False)
     assert ecp5.count("cell \\DCCA ") == 1
     assert "DCCA" not in plain
+
+
+def test_host_requests_wait_in_the_cycle_of_run():
+    """No program write (nor any other host request but the queues') is taken in the
+    cycle of ``run``: the front end picks the run's first read address without a term of
+    a write in that cycle (``hw.core.npu``). Offered in the cycle before, it is taken."""
+    from amaranth.sim import Simulator
+    cfg = NpuConfig(n=4, tiles=1, mrf_depth=32, max_col_tiles=4, ivrf_depth=16, vrf_depth=16,
+                    netq_depth=16, program_depth=64, max_length=4)
+    dut = NpuCore(cfg)
+    seen = []
+
+    async def bench(ctx):
+        await ctx.tick().repeat(2)
+        ctx.set(dut.prog_w.valid, 1)
+        ctx.set(dut.prog_w.payload.addr, 1)
+        seen.append(("idle", ctx.get(dut.prog_w.ready), ctx.get(dut.vec_w.ready)))
+        ctx.set(dut.run, 1)
+        seen.append(("run", ctx.get(dut.prog_w.ready), ctx.get(dut.vec_w.ready)))
+        await ctx.tick()
+        ctx.set(dut.run, 0)
+        seen.append(("running", ctx.get(dut.prog_w.ready), ctx.get(dut.vec_w.ready)))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen == [("idle", 1, 1), ("run", 0, 0), ("running", 0, 0)], seen
