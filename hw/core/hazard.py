@@ -109,8 +109,10 @@ class HazardWalk(wiring.Component):
         loaded in ``CHECK``).
     abort : ``In(1)``
         The front end drops the walk (the chain failed its range check in ``CHECK``,
-        :attr:`hw.core.plan.PlanCheck.range_error`): the walk is idle at the next clock
-        edge, and ``clear`` and ``hazard`` of this cycle mean nothing.
+        :attr:`hw.core.plan.PlanCheck.range_error`), only in the walk's first cycle
+        (``PICK``, the cycle after ``start``): the walk is idle at the next clock edge,
+        and ``clear`` and ``hazard`` of this cycle mean nothing. Read in no other state,
+        so that it stays out of the step's compares.
     clear : ``Out(1)``
         This cycle ends the walk: no hazard. Combinational, as ``hazard``.
     hazard : ``Out(1)``
@@ -268,10 +270,9 @@ class HazardWalk(wiring.Component):
                     m.next = "STEP"
             with m.State("STEP"):
                 # The step is at least the interval: walk the iterations until the
-                # difference reaches or passes the interval.
-                with m.If(self.abort):
-                    m.next = "IDLE"
-                with m.Elif((hz_d > hz_lo) & (hz_d < hz_hi)):
+                # difference reaches or passes the interval. (No abort here: it comes
+                # only in the walk's first cycle, PICK.)
+                with m.If((hz_d > hz_lo) & (hz_d < hz_hi)):
                     m.d.comb += self.hazard.eq(1)
                     m.next = "IDLE"
                 with m.Elif((hz_i == walk_last) | ((hz_s > 0) & (hz_d >= hz_hi))

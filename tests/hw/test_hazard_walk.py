@@ -198,8 +198,8 @@ def test_directed(what, ranges, length, iters, hazard, cycles):
 
 def test_abort_drops_the_walk():
     """The front end aborts the walk of a chain that failed its range check, in the
-    walk's first cycle (PICK); a walk in STEP stops too. The walk is then idle, and the
-    next chain's walk is as if it ran alone."""
+    walk's first cycle (PICK), the only one it sets ``abort`` in. The walk is then idle,
+    and the next chain's walk is as if it ran alone."""
     config = _config()
     long_walk = Chain(config, 4, 5)         # 6 cycles, no hazard (test_directed)
     long_walk.set(("w", 0), Space.IVRF, 0, 8)
@@ -207,9 +207,9 @@ def test_abort_drops_the_walk():
     hazard = Chain(config, 4, 5)            # 4 cycles, a hazard
     hazard.set(("w", 0), Space.IVRF, 1, 8)
     hazard.set(("r",), Space.IVRF, 16, 0)
-    got = walk(config, [long_walk, hazard, long_walk, hazard],
-               aborts={0: 1, 2: 3})
-    assert got == [("aborted", 1), (True, 4), ("aborted", 3), (True, 4)]
+    got = walk(config, [long_walk, hazard, hazard, long_walk],
+               aborts={0: 1, 2: 1})
+    assert got == [("aborted", 1), (True, 4), ("aborted", 1), (False, 6)]
 
 
 def test_constructor_errors():
