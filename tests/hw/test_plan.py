@@ -183,7 +183,8 @@ def test_plan_checks_match_the_model(build):
 
     async def bench(ctx):
         for regs, program, levels in cases:
-            ctx.set(dut.chain, chain_value(config, program))
+            chain = chain_value(config, program)
+            ctx.set(dut.chain, chain)
             for name, reg in PLAN_REGISTERS.items():
                 ctx.set(getattr(dut.regs, name), regs[reg])
             free, room = levels[0], config.netq_depth - levels[1]
@@ -204,7 +205,7 @@ def test_plan_checks_match_the_model(build):
             code, index = model_verdict(config, regs, program, levels)
             got, got_at = ErrorCode(ctx.get(dut.error)), ctx.get(dut.error_at)
             if got is ErrorCode.NONE and ctx.get(dut.range_error):
-                got, got_at = ErrorCode.ADDRESS_RANGE, 0     # the last check: the v_rd
+                got, got_at = ErrorCode.ADDRESS_RANGE, chain["at"]   # the last check
             seen[code] = seen.get(code, 0) + 1
             if got is not code or (code is not ErrorCode.NONE and got_at != index):
                 mismatches.append((program, regs, levels, code, index, got, got_at))

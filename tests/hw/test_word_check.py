@@ -1,6 +1,7 @@
 """The program word's checks done at write time (``hw.core.decode.WordCheck``), with the
-decision terms the front end reads from the fetched word, in Amaranth's simulator, against the ISA's own decoder (``host.spec.isa.decode``) and the
-model's register ranges (``host.spec.isa.register_limits``).
+decision terms the front end reads from the fetched word, in Amaranth's simulator,
+against the ISA's own decoder (``host.spec.isa.decode``) and the model's register ranges
+(``host.spec.isa.register_limits``).
 
 The core keeps ``WordCheck``'s verdict beside each word and fails a run on it instead of
 decoding the fetched word (``hw.core.npu``); the core benches (``tests/hw/test_npu_hw.py``)
