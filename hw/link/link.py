@@ -236,6 +236,7 @@ class NpuLink(wiring.Component):
         staged_total = Signal(32)
         staged_last = Signal()        # P_SWRITE: the last staged word
         staged_word = Signal(64)      # P_SWRITE: the staged word, registered
+        prog_req = Signal()           # P_SWRITE, PROG: the core's program-write request
         m.d.comb += [checks.staged.eq(staged), checks.staged_total.eq(staged_total)]
         source = Signal(ReadSource)   # READ/POP: where the words come from
         job = Signal(3)               # what the loaded words are for
@@ -253,6 +254,13 @@ class NpuLink(wiring.Component):
         m.d.comb += [core.vec_w.payload.space.eq(space), core.vec_w.payload.addr.eq(vaddr)]
         with m.If(read_back.addr_step):
             m.d.sync += vaddr.eq(vaddr + 1)
+        # A program write's request from flip-flops too, whatever the state: `prog_req`
+        # is set on the way into P_SWRITE and PROG and cleared by the write, and vaddr is
+        # the word's address in both (below the program's depth by the request's
+        # checks). The state's decode and the sum prog_off + idx fed the core's address
+        # checks and, through them, the program memory's write and the front end's
+        # run-start read (issue 36, timing: the board's critical path at 63.00 MHz).
+        m.d.comb += [core.prog_w.valid.eq(prog_req), core.prog_w.payload.addr.eq(vaddr)]
 
         def reply(status, length=1, segment=None, code_value=None, data_follows=False):
             """Hand the reply to the emitter; wait in REPLY."""
@@ -459,6 +467,7 @@ class NpuLink(wiring.Component):
                         with m.Case(J_STAGE):
                             m.next = "STAGE"
                         with m.Case(J_PROG):
+                            m.d.sync += prog_req.eq(1)
                             m.next = "PROG"
                         with m.Case(J_PUSH):
                             m.next = "PUSH"
@@ -513,23 +522,22 @@ class NpuLink(wiring.Component):
                 m.d.sync += staged_last.eq(vaddr + 1 == prog_off)
                 m.next = "P_SDATA"
             with m.State("P_SDATA"):
-                m.d.sync += staged_word.eq(sr.data)
+                m.d.sync += [staged_word.eq(sr.data), prog_req.eq(1)]
                 m.next = "P_SWRITE"
             with m.State("P_SWRITE"):
-                m.d.comb += [core.prog_w.valid.eq(1),
-                             core.prog_w.payload.addr.eq(vaddr),
-                             core.prog_w.payload.word.eq(staged_word)]
+                m.d.comb += core.prog_w.payload.word.eq(staged_word)
                 with m.If(core.prog_w.ready):
-                    m.d.sync += vaddr.eq(vaddr + 1)
+                    m.d.sync += [prog_req.eq(0), vaddr.eq(vaddr + 1)]
                     with m.If(staged_last):
                         load(J_PROG)
                     with m.Else():
                         m.next = "P_SREAD"
+            # vaddr is prog_off + idx here: zero for a load at offset 0, prog_off after
+            # the staged words.
             with m.State("PROG"):
-                m.d.comb += [core.prog_w.valid.eq(1),
-                             core.prog_w.payload.addr.eq(prog_off + idx),
-                             core.prog_w.payload.word.eq(word[:64])]
+                m.d.comb += core.prog_w.payload.word.eq(word[:64])
                 with m.If(core.prog_w.ready):
+                    m.d.sync += [prog_req.eq(0), vaddr.eq(vaddr + 1)]
                     def loaded():
                         m.d.sync += staged.eq(0)
                         ok()
