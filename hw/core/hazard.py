@@ -248,6 +248,22 @@ class HazardWalk(wiring.Component):
         hz_lo = Signal(signed(_BOUND_BITS))
         hz_hi = Signal(signed(_BOUND_BITS))
         hz_i = Signal(len(self.last_iter))
+        # STEP's decisions on hz_d and hz_i, registered with them: each is computed on
+        # the value that goes into hz_d (PICK's pick_d, STEP's hz_d + hz_s) and hz_i, so
+        # that STEP decides from flip-flops (timing closure: hz_d's compares and the
+        # decisions' priority were in front of the clock enables of hz_d and hz_i, the
+        # core alone's critical path at 71.02 MHz).
+        hz_hit = Signal()                 # lo < hz_d < hi: the pair overlaps here
+        hz_past = Signal()                # hz_d reached or passed the interval
+        hz_last = Signal()                # hz_i == walk_last
+        d_next = Signal.like(hz_d)        # STEP: hz_d a step on
+        m.d.comb += d_next.eq(hz_d + hz_s)
+
+        def step_flags(d, s, lo, hi, last):
+            """hz_hit, hz_past and hz_last for the difference ``d`` of step ``s``."""
+            return [hz_hit.eq((d > lo) & (d < hi)),
+                    hz_past.eq(((s > 0) & (d >= hi)) | ((s < 0) & (d <= lo))),
+                    hz_last.eq(last)]
         with m.FSM(name="walk"):
             with m.State("IDLE"), m.If(self.start):
                 m.next = "PICK"
@@ -266,19 +282,21 @@ class HazardWalk(wiring.Component):
                         m.d.sync += at_pick.eq(1)
                 with m.Else():
                     m.d.sync += [hz_d.eq(pick_d), hz_s.eq(pick_s), hz_lo.eq(pick_lo),
-                                 hz_hi.eq(pick_hi), hz_i.eq(0)]
+                                 hz_hi.eq(pick_hi), hz_i.eq(0),
+                                 *step_flags(pick_d, pick_s, pick_lo, pick_hi, walk_last == 0)]
                     m.next = "STEP"
             with m.State("STEP"):
                 # The step is at least the interval: walk the iterations until the
                 # difference reaches or passes the interval. (No abort here: it comes
                 # only in the walk's first cycle, PICK.)
-                with m.If((hz_d > hz_lo) & (hz_d < hz_hi)):
+                with m.If(hz_hit):
                     m.d.comb += self.hazard.eq(1)
                     m.next = "IDLE"
-                with m.Elif((hz_i == walk_last) | ((hz_s > 0) & (hz_d >= hz_hi))
-                            | ((hz_s < 0) & (hz_d <= hz_lo))):
+                with m.Elif(hz_last | hz_past):
                     m.d.sync += at_pick.eq(1)
                     m.next = "PICK"
                 with m.Else():
-                    m.d.sync += [hz_d.eq(hz_d + hz_s), hz_i.eq(hz_i + 1)]
+                    m.d.sync += [hz_d.eq(d_next), hz_i.eq(hz_i + 1),
+                                 *step_flags(d_next, hz_s, hz_lo, hz_hi,
+                                             hz_i + 1 == walk_last)]
         return m
