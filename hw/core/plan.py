@@ -234,7 +234,11 @@ class PlanCheck(wiring.Component):
         # its own: the decrement in front of the multiplier was the core alone's path at
         # 61.8 MHz, synthesized without keep_flops) and win_cols (after pix) are final
         # two cycles after the registers, so their sum is final when the registered
-        # sum was.
+        # sum was. pitch enters win_rows's multiplier from a register of its own too, so
+        # both operands are a cycle from the registers and the route to the
+        # MULT18X18D has a cycle of its own: the placer put it across the die from both
+        # pitch and win_rows (the core alone's critical path at 67.93 MHz, 9 ns of
+        # routing), and win_rows is still final two cycles after the registers.
         win_area = Signal(len(r.win_w) + len(r.win_h))           # win_w * win_h
         m.d.sync += win_area.eq(r.win_w * r.win_h)
         cols_t = self.cols_t
@@ -242,7 +246,9 @@ class PlanCheck(wiring.Component):
         win_h_less = Signal(signed(len(r.win_h) + 1))             # win_h - 1
         win_rows = Signal(len(r.win_h) + len(r.pitch))            # (win_h - 1) * pitch
         win_cols = Signal(len(r.win_w) + len(pix))                # win_w * pix
-        m.d.sync += [win_h_less.eq(r.win_h - 1), win_rows.eq(win_h_less * r.pitch),
+        pitch = Signal.like(r.pitch)
+        m.d.sync += [win_h_less.eq(r.win_h - 1), pitch.eq(r.pitch),
+                     win_rows.eq(win_h_less * pitch),
                      win_cols.eq(r.win_w * pix)]
         window_extent = Signal(max(len(win_rows), len(win_cols)) + 1)
         m.d.comb += window_extent.eq(win_rows + win_cols)
