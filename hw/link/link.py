@@ -261,6 +261,8 @@ class NpuLink(wiring.Component):
         # checks and, through them, the program memory's write and the front end's
         # run-start read (issue 36, timing: the board's critical path at 63.00 MHz).
         m.d.comb += [core.prog_w.valid.eq(prog_req), core.prog_w.payload.addr.eq(vaddr)]
+        with m.If(prog_req & core.prog_w.ready):
+            m.d.sync += [prog_req.eq(0), vaddr.eq(vaddr + 1)]
 
         def reply(status, length=1, segment=None, code_value=None, data_follows=False):
             """Hand the reply to the emitter; wait in REPLY."""
@@ -527,7 +529,6 @@ class NpuLink(wiring.Component):
             with m.State("P_SWRITE"):
                 m.d.comb += core.prog_w.payload.word.eq(staged_word)
                 with m.If(core.prog_w.ready):
-                    m.d.sync += [prog_req.eq(0), vaddr.eq(vaddr + 1)]
                     with m.If(staged_last):
                         load(J_PROG)
                     with m.Else():
@@ -537,7 +538,6 @@ class NpuLink(wiring.Component):
             with m.State("PROG"):
                 m.d.comb += core.prog_w.payload.word.eq(word[:64])
                 with m.If(core.prog_w.ready):
-                    m.d.sync += [prog_req.eq(0), vaddr.eq(vaddr + 1)]
                     def loaded():
                         m.d.sync += staged.eq(0)
                         ok()
