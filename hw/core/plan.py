@@ -332,20 +332,32 @@ class PlanCheck(wiring.Component):
         len_iters = Signal(len(length) + len(r.iters))
         m.d.sync += len_iters.eq(length * r.iters)
         e_under = (ch.rd_space == Space.NETQ) & under_q
-        # The writes to the output queue (at most MAX_WRITES) times length * iters, as
-        # shifts and adds: a multiplier put a MULT18X18D, across the die, between the
-        # last v_wr's fields and this register (the core alone's critical path at
-        # 50.9 MHz).
+        # The writes to the output queue (at most MAX_WRITES) times length * iters: each
+        # multiple k * length * iters is formed (shifts, and adds for the odd ones) and
+        # checked against the queue's room, and the writes' count selects among them at
+        # the last gates. A multiplier put a MULT18X18D, across the die, between the last
+        # v_wr's fields and this register (the core alone's critical path at 50.9 MHz);
+        # the count, added up from the v_wr's fields, in front of the multiple's adds
+        # and the room's compare put the hazard walk's ranges (the same fields) in series
+        # with them (the core alone's critical path at 75.30 MHz). The count's decode
+        # (a function of MAX_WRITES bits) is now beside the adds and compares.
         n_netq = Signal(range(MAX_WRITES + 1))
         m.d.comb += n_netq.eq(sum((k < ch.n_wr) & (ch.w_space[k] == Space.NETQ)
                                   for k in range(MAX_WRITES)))
         pushes = self.pushes
         pushes_next = Signal(len(pushes))
+        over_k = []                                     # k * length * iters overflows
+        for k in range(1, MAX_WRITES + 1):
+            multiple = Signal(len(pushes), name=f"pushes_{k}")
+            over_at_k = Signal(name=f"over_{k}")
+            m.d.comb += [multiple.eq(sum(len_iters << b for b in range(k.bit_length())
+                                         if k >> b & 1)),
+                         over_at_k.eq(over(multiple, self.outq_room, self.outq_popped))]
+            with m.If(n_netq == k):
+                m.d.comb += pushes_next.eq(multiple)
+            over_k.append((n_netq == k) & over_at_k)
         e_over = Signal()
-        m.d.comb += pushes_next.eq(sum(Mux(bit, len_iters << b, 0)
-                                       for b, bit in enumerate(n_netq)))
-        m.d.sync += [pushes.eq(pushes_next),
-                     e_over.eq(over(pushes_next, self.outq_room, self.outq_popped))]
+        m.d.sync += [pushes.eq(pushes_next), e_over.eq(any_of(over_k))]
         # last_iter * increment of every range: the range checks' and the hazard walk's
         # (from iters_less, above).
         rd_base = Signal(len(self.extent) + 1)
