@@ -133,6 +133,11 @@ class Timing:
     #: and the slice holds twice as many beats beyond the buffer's depth (its output and
     #: skid registers). 1, the gateware's
     direct_slice: int = 1
+    #: The register on the reader's write into its direct buffer (the beat chosen from the
+    #: read data, ``hw.core.reader``, issue 36, the board's timing): a chain without a
+    #: product reaches the MFU this many cycles later again; the buffer's room counts the
+    #: registered beat, so it holds no more. 1, the gateware's
+    direct_write_register: int = 1
     #: The register on the MVM's and the MFU pipeline's ``busy`` before the run's end
     #: (``hw.core.npu``, issue 36, timing): a run whose last instance retires ends this
     #: many cycles later again (the units' tails end with the last retirement); a run
@@ -248,7 +253,7 @@ class _Clock:
             # for the MFU. The reader writes a vector only while fewer than depth - 1
             # wait in the buffer (earlier chains' included), so it is held until the
             # vector depth - 1 places back has gone on into the slice.
-            first = read + t.direct_latency + t.direct_slice
+            first = read + t.direct_latency + t.direct_write_register + t.direct_slice
             arrive = [max(first + k, accept + 1 + k) for k in range(length * beats)]
             depth = self.cfg.direct_depth * beats + 2 * t.direct_slice
             held = self.direct[1 - depth:] + arrive

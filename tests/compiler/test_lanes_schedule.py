@@ -17,7 +17,8 @@ from sim.randprog import RANDOM_BUILDS, random_program
 
 #: The model's timing of commit 5e314df: no latency of its own for the direct path, no
 #: register slice after the direct buffer, no register on the units' ``busy``.
-TIMING_5E314DF = Timing(direct_latency=0, direct_slice=0, busy_register=0)
+TIMING_5E314DF = Timing(direct_latency=0, direct_write_register=0, direct_slice=0,
+                         busy_register=0)
 
 #: ``schedule(random_program(RANDOM_BUILDS[name], seed, chains=30), beam=2)`` computed
 #: with the scheduler and model of commit 5e314df (before the beat-level timing, and before

@@ -40,7 +40,8 @@ STORED = {
     "n16t3": ({"n": 16, "tiles": 3, "max_length": 8}, [2224, 3496, 2239, 2218, 2415, 1996]),
 }
 
-TIMING_5E314DF = Timing(direct_latency=0, direct_slice=0, busy_register=0)
+TIMING_5E314DF = Timing(direct_latency=0, direct_write_register=0, direct_slice=0,
+                         busy_register=0)
 
 
 def _cycles(cfg, text):
@@ -160,25 +161,45 @@ def test_output_fifo_credits_hold_the_sequencer(lanes):
 
 
 @pytest.mark.parametrize("lanes", [8, 4, 2])
-def test_direct_slice_delays_a_read_limited_chain_by_one_cycle(lanes):
-    """The register slice after the reader's direct buffer: a chain without a product
-    whose MFU pipeline is waiting (taken at issue, ``mfu_setup`` 0) gets its first beat
-    from the reader ``read_latency + direct_latency + direct_slice`` after issue, and with
-    no ops the first output is that beat: one cycle later with the slice than without
-    it, and the chain's other beats follow one per cycle, so it retires one cycle later."""
+@pytest.mark.parametrize("register", ["direct_slice", "direct_write_register"])
+def test_direct_registers_delay_a_read_limited_chain_by_one_cycle(lanes, register):
+    """The register on the reader's write into its direct buffer and the register slice
+    after the buffer: a chain without a product whose MFU pipeline is waiting (taken at
+    issue, ``mfu_setup`` 0) gets its first beat from the reader ``read_latency +
+    direct_latency + direct_write_register + direct_slice`` after issue, and with no ops
+    the first output is that beat: one cycle later with each register than without it,
+    and the chain's other beats follow one per cycle, so it retires one cycle later."""
     from host.model.core import _Clock
 
     cfg = NpuConfig(**{**SMALL, "lanes": lanes})
     beats = cfg.n // lanes
     retired = []
     for s in (0, 1):
-        clock = _Clock(cfg, Timing(mfu_setup=0, direct_slice=s))
+        off = {"direct_slice": 0, "direct_write_register": 0}
+        clock = _Clock(cfg, Timing(mfu_setup=0, **{**off, register: s}))
         clock.instance(2, 2, None, [], [], [], 1)
         retired.append(clock.retired[-1])
     t = Timing()                         # issued at fetch_latency: no chain decoded
     assert retired[0] == (t.fetch_latency + t.read_latency + t.direct_latency + 2 * beats - 1
                           + t.retire_latency)
     assert retired[1] == retired[0] + 1
+
+
+def test_direct_write_register_holds_no_more_beats():
+    """The reader's room counts the beat in the write register, so with the MFU pipeline
+    busy until cycle 1000 and the buffer and slice full (as in the test below), the
+    reader is free at the same cycle with the register as without it."""
+    from host.model.core import _Clock
+
+    cfg = NpuConfig(**{**SMALL, "max_length": 2})
+    free = []
+    for r in (0, 1):
+        clock = _Clock(cfg, Timing(direct_slice=0, direct_write_register=r))
+        clock.mfu_free = 1000
+        for _ in range(3):
+            clock.instance(2, 2, None, [], [], [], 1)
+        free.append(clock.rd_free)
+    assert free[0] == free[1] > 1000
 
 
 def test_direct_slice_holds_two_more_beats():
