@@ -4,14 +4,14 @@ The word layout, the opcodes and every enum come from :mod:`host.spec.isa`; the 
 their priority are those of :func:`host.spec.isa.decode` (and ``Instruction.__post_init__``),
 so a word the model refuses is refused here with the same :class:`host.spec.isa.ErrorCode`.
 
-The core decodes a word when the host writes it (:class:`WordCheck`) and keeps the verdict
-beside the word in the program memory (:data:`PREDECODE_LAYOUT`), so that the fetched
-word's checks and the front end's decision terms are stored bits instead of the
+The core decodes a word when the host writes it (:class:`WordCheck`) and keeps its checks
+with the word's fields in the program memory (:data:`STORED_WORD_LAYOUT`), so that the
+fetched word's checks and the front end's decision terms are stored bits instead of the
 decoder's logic (issue 36, timing).
 """
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, enum, wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
@@ -25,8 +25,8 @@ from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 from hw.core.vectors import checked_config
 
-__all__ = ["InstructionDecoder", "FUNC_LIMIT", "Verdict", "PREDECODE_LAYOUT", "WordCheck",
-           "FETCHED_TERMS_LAYOUT", "verdict_error", "iteration_bits",
+__all__ = ["InstructionDecoder", "FUNC_LIMIT", "PREDECODE_LAYOUT", "STORED_WORD_LAYOUT",
+           "WordCheck", "FETCHED_TERMS_LAYOUT", "word_error", "unit_of", "iteration_bits",
            "built_vrfs", "vrf_space"]
 
 
@@ -136,20 +136,9 @@ class InstructionDecoder(wiring.Component):
         return m
 
 
-class Verdict(enum.Enum, shape=2):
-    """The decoder's error code of a program word, as the program memory keeps it.
-
-    ``ILLEGAL_OPCODE`` is code 0 because an all-zero word (opcode 0, unassigned) is
-    illegal: a word of the memory's power-on contents then reads as what it decodes to.
-    """
-    ILLEGAL_OPCODE = 0
-    NONE = 1
-    ILLEGAL_FIELD = 2
-
-
 #: The terms of a word that the front end's decisions test, stored with the word (in
 #: :data:`PREDECODE_LAYOUT`) so that they come out of the program memory's register
-#: with no logic after the block RAM (issue 36, timing): ``legal`` (its verdict is NONE);
+#: with no logic after the block RAM (issue 36, timing): ``legal`` (the decoder accepts it);
 #: one flag per opcode the front end tells apart, each set only for a legal word;
 #: ``mfu_op`` for a legal ``vv``, ``v_unary`` or ``v_reduce``; ``unit_bit``, the one-hot of
 #: the op's MFU unit, for such an op only. All zero for an all-zero word.
@@ -165,16 +154,25 @@ _TERM_OPCODES = {"end": (Opcode.END,), "s_wr": (Opcode.S_WR,), "v_rd": (Opcode.V
                  "v_wr": (Opcode.V_WR,), "end_chain": (Opcode.END_CHAIN,)}
 
 
-#: The bits the core stores beside each 64-bit program word, all zero for an all-zero
-#: word: the decoder's :class:`Verdict`; whether an ``s_wr``'s operand is outside its
-#: register's range (``REGISTER_VALUE`` when the word runs, if the verdict is NONE); the
-#: MFU unit of a ``vv``, ``v_unary`` or ``v_reduce`` (``ADDSUB``, code 0, for any other
-#: opcode); whether a ``v_unary``'s function is one the build does not have
-#: (``ILLEGAL_OPCODE`` at the chain's check); the front end's decision terms
-#: (:data:`FETCHED_TERMS_LAYOUT`).
-PREDECODE_LAYOUT = data.StructLayout({"verdict": Verdict, "s_wr_out_of_range": 1,
-                                      "unit": MfuUnit, "unary_unbuilt": 1,
-                                      "terms": FETCHED_TERMS_LAYOUT})
+#: The checks the core stores with each program word, all zero for an all-zero word:
+#: ``field`` (an illegal word's error is ILLEGAL_FIELD, else ILLEGAL_OPCODE: with
+#: ``terms.legal``, the decoder's error code; an all-zero word, opcode 0, is
+#: ILLEGAL_OPCODE, so the memory's power-on contents read as what they decode to);
+#: whether an ``s_wr``'s operand is outside its register's range (``REGISTER_VALUE``
+#: when the word runs, if it is legal); whether a ``v_unary``'s function is one the build
+#: does not have (``ILLEGAL_OPCODE`` at the chain's check); the front end's decision
+#: terms (:data:`FETCHED_TERMS_LAYOUT`, with the one-hot of an op's MFU unit).
+PREDECODE_LAYOUT = data.StructLayout({"field": 1, "s_wr_out_of_range": 1,
+                                      "unary_unbuilt": 1, "terms": FETCHED_TERMS_LAYOUT})
+
+#: A program word as the program memory keeps it (72 bits: four DP16KD at depth 1,024):
+#: the fields the front end reads after the fetch, and the word's checks
+#: (:data:`PREDECODE_LAYOUT`). The opcode and the reserved bits are not kept: the checks
+#: say all the front end needs of them.
+STORED_WORD_LAYOUT = data.StructLayout({
+    **{name: FIELDS[name][1] for name in ("space", "func", "inc", "operand")},
+    "checks": PREDECODE_LAYOUT,
+})
 
 
 class WordCheck(wiring.Component):
@@ -190,9 +188,10 @@ class WordCheck(wiring.Component):
     ----------
     word : ``In(64)``
         The instruction word.
-    predecode : ``Out(PREDECODE_LAYOUT)``
-        Its :class:`Verdict` (:class:`InstructionDecoder`'s error), the ``s_wr`` range
-        flag, the op's MFU unit, the unbuilt-function flag and the decision terms.
+    stored : ``Out(STORED_WORD_LAYOUT)``
+        What the program memory keeps of it: the fields the front end reads and the
+        checks (:class:`InstructionDecoder`'s error as ``terms.legal`` and ``field``, the
+        ``s_wr`` range flag, the unbuilt-function flag and the decision terms).
 
     Raises
     ------
@@ -204,34 +203,31 @@ class WordCheck(wiring.Component):
         config = checked_config(self, config)
         self._limits = register_limits(config)
         self._unary_ops = tuple(config.unary_ops)
-        super().__init__({"word": In(WORD_BITS), "predecode": Out(PREDECODE_LAYOUT)})
+        super().__init__({"word": In(WORD_BITS), "stored": Out(STORED_WORD_LAYOUT)})
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.decoder = dec = InstructionDecoder()
         m.d.comb += dec.word.eq(self.word)
-        out = self.predecode
-        with m.Switch(dec.error):
-            with m.Case(ErrorCode.NONE):
-                m.d.comb += out.verdict.eq(Verdict.NONE)
-            with m.Case(ErrorCode.ILLEGAL_FIELD):
-                m.d.comb += out.verdict.eq(Verdict.ILLEGAL_FIELD)
-            with m.Default():
-                m.d.comb += out.verdict.eq(Verdict.ILLEGAL_OPCODE)
+        stored = self.stored
+        m.d.comb += [getattr(stored, name).eq(getattr(dec, name))
+                     for name in ("space", "func", "inc", "operand")]
+        out = stored.checks
+        m.d.comb += out.field.eq(dec.error == ErrorCode.ILLEGAL_FIELD)
         op, func = dec.opcode, dec.func
         bad = 0
         for reg in Reg:
             lo, hi = self._limits[reg]
             bad = bad | ((func == reg.value) & ((dec.operand < lo) | (dec.operand > hi)))
         m.d.comb += out.s_wr_out_of_range.eq((op == Opcode.S_WR.value) & bad)
+        unit = Signal(MfuUnit)
         with m.Switch(op):
             with m.Case(Opcode.VV.value):
-                m.d.comb += out.unit.eq(Mux(func == BinaryOp.MUL.value,
-                                            MfuUnit.MUL, MfuUnit.ADDSUB))
+                m.d.comb += unit.eq(Mux(func == BinaryOp.MUL.value, MfuUnit.MUL, MfuUnit.ADDSUB))
             with m.Case(Opcode.V_UNARY.value):
-                m.d.comb += out.unit.eq(MfuUnit.ACT)
+                m.d.comb += unit.eq(MfuUnit.ACT)
             with m.Case(Opcode.V_REDUCE.value):
-                m.d.comb += out.unit.eq(MfuUnit.REDUCE)
+                m.d.comb += unit.eq(MfuUnit.REDUCE)
         m.d.comb += out.unary_unbuilt.eq((op == Opcode.V_UNARY.value)
                                          & ~_one_of(func, [u.value for u in self._unary_ops]))
         terms = out.terms
@@ -239,22 +235,28 @@ class WordCheck(wiring.Component):
         for name, codes in _TERM_OPCODES.items():
             m.d.comb += getattr(terms, name).eq(terms.legal
                                                 & _one_of(op, [o.value for o in codes]))
-        m.d.comb += terms.unit_bit.eq(Mux(terms.mfu_op, 1 << out.unit.as_value(), 0))
+        m.d.comb += terms.unit_bit.eq(Mux(terms.mfu_op, 1 << unit.as_value(), 0))
         return m
 
 
-def verdict_error(m, verdict):
-    """The :class:`host.spec.isa.ErrorCode` of a stored :class:`Verdict` (``verdict``, a
-    value of that shape), as a signal driven in ``m``'s combinational domain: the
+def word_error(m, checks):
+    """The :class:`host.spec.isa.ErrorCode` of a stored word's checks (``checks``, a view
+    of :data:`PREDECODE_LAYOUT`), as a signal driven in ``m``'s combinational domain: the
     inverse of :class:`WordCheck`'s encoding."""
     error = Signal(ErrorCode, name="word_error")
-    with m.Switch(verdict):
-        with m.Case(Verdict.NONE):
-            m.d.comb += error.eq(ErrorCode.NONE)
-        with m.Case(Verdict.ILLEGAL_FIELD):
-            m.d.comb += error.eq(ErrorCode.ILLEGAL_FIELD)
-        with m.Default():
-            m.d.comb += error.eq(ErrorCode.ILLEGAL_OPCODE)
+    with m.If(checks.terms.legal):
+        m.d.comb += error.eq(ErrorCode.NONE)
+    with m.Elif(checks.field):
+        m.d.comb += error.eq(ErrorCode.ILLEGAL_FIELD)
+    with m.Else():
+        m.d.comb += error.eq(ErrorCode.ILLEGAL_OPCODE)
     return error
 
 
+def unit_of(unit_bit):
+    """The :class:`host.spec.mfu.MfuUnit` code of a one-hot ``unit_bit``
+    (:data:`FETCHED_TERMS_LAYOUT`): the OR of the codes of the bits set."""
+    code = 0
+    for u in MfuUnit:
+        code = code | Mux(unit_bit[u.value], u.value, 0)
+    return code

@@ -17,11 +17,11 @@ from host.spec.config import NpuConfig
 from host.spec.isa import MAX_WRITES, REG_DEFAULTS, ErrorCode, Reg, Space, register_limits
 from host.spec.mfu import UNITS, MfuUnit, mfu_layout
 from hw.core.decode import (
-    PREDECODE_LAYOUT,
-    InstructionDecoder,
+    STORED_WORD_LAYOUT,
     built_vrfs,
-    verdict_error,
+    unit_of,
     vrf_space,
+    word_error,
 )
 from hw.core.hazard import HazardWalk, pair_keys
 from hw.core.host_access import PROGRAM_ADDR_BITS, program_port_layout
@@ -48,9 +48,9 @@ class FrontEnd(wiring.Component):
         Clears ``error``.
     prog_addr : ``Out(ceil_log2(program_depth))``
         The program memory's read address.
-    prog_data : ``In(64 + PREDECODE_LAYOUT.size)``
+    prog_data : ``In(hw.core.decode.STORED_WORD_LAYOUT)``
         Its read data, the word at the address of the cycle before (a registered read,
-        not transparent): the word, then its ``PREDECODE_LAYOUT`` checks.
+        not transparent): the word's fields and its checks.
     prog_w : ``In(hw.core.host_access.program_port_layout(config))``
         The host's write of the program memory this cycle; never in the cycle of
         ``run`` (the core's host requests wait then). A run starts with no fetch cycle
@@ -86,7 +86,7 @@ class FrontEnd(wiring.Component):
             "run": In(1),
             "error_clear": In(1),
             "prog_addr": Out(ceil_log2(c.program_depth)),
-            "prog_data": In(64 + PREDECODE_LAYOUT.size),
+            "prog_data": In(STORED_WORD_LAYOUT),
             "prog_w": In(program_port_layout(c)),
             "prog_len": In(range(c.program_depth + 1)),
             "inq_free": In(queue),
@@ -118,8 +118,6 @@ class FrontEnd(wiring.Component):
         vrf_built = built_vrfs(c)
         running = self.running
         prog_addr = self.prog_addr
-        # The fetched word's fields (its error code is the one stored with it: WordCheck).
-        m.submodules.decoder = dec = InstructionDecoder()
 
         # The scalar registers, at their defaults when a run starts.
         regs = {}
@@ -167,20 +165,21 @@ class FrontEnd(wiring.Component):
         # unregistered read saw. Otherwise (a run right after a reset, a refused run or
         # such a write) FETCH reads them as before: one cycle more.
         advance = Signal()                # the instruction at pc is consumed
-        iw = Signal(len(self.prog_data))
-        m.d.sync += iw.eq(self.prog_data)
-        m.d.comb += [dec.word.eq(iw[:64]), prog_addr.eq(pc)]
-        # The word's checks as stored (hw.core.decode.PREDECODE_LAYOUT), and the terms
+        # The fetched word's fields and checks (hw.core.decode.STORED_WORD_LAYOUT: its error
+        # code is the one stored with it, WordCheck's), and the terms
         # the decisions below test (its opcode's class, its verdict, its unit's
         # one-hot), stored with it: they come from iw's flip-flops, with no compare after
         # the block RAM's read (issue 36, timing: the read through the terms' decode
         # was the core alone's critical path at seed 2, 73.76 MHz). Each flag of an
         # opcode is set for a legal word only, so EXEC and CHAIN test them before
         # `illegal`, in an order that changes no decision.
-        checked = data.View(PREDECODE_LAYOUT, iw[64:])
+        iw = Signal(STORED_WORD_LAYOUT)
+        m.d.sync += iw.eq(self.prog_data)
+        m.d.comb += prog_addr.eq(pc)
+        checked = iw.checks
         word = checked.terms
         illegal = ~word.legal
-        word_error = verdict_error(m, checked.verdict)
+        error = word_error(m, checked)
         read0 = Signal()                  # this cycle reads address 0 (IDLE, DRAIN)
         fetched0 = Signal()               # and the last did, with no write there
         m.d.sync += fetched0.eq(read0 & ~(self.prog_w.en & (self.prog_w.addr == 0)))
@@ -274,7 +273,7 @@ class FrontEnd(wiring.Component):
             with m.Else():
                 m.next = "DRAIN"
 
-        func = dec.func
+        func = iw.func
         with m.FSM(name="fe"):
             with m.State("IDLE"):
                 with m.If(self.run):
@@ -317,19 +316,19 @@ class FrontEnd(wiring.Component):
                         with m.Switch(func):
                             for reg in Reg:
                                 with m.Case(reg.value):
-                                    m.d.sync += regs[reg].eq(dec.operand)
+                                    m.d.sync += regs[reg].eq(iw.operand)
                 with m.Elif(word.v_rd):
                     m.d.comb += advance.eq(1)
                     m.d.sync += [
-                        at.eq(pc), rd_space.eq(dec.space), rd_op.eq(dec.operand),
-                        rd_inc.eq(dec.inc), has_mv.eq(0), n_ops.eq(0), cur_m.eq(0),
+                        at.eq(pc), rd_space.eq(iw.space), rd_op.eq(iw.operand),
+                        rd_inc.eq(iw.inc), has_mv.eq(0), n_ops.eq(0), cur_m.eq(0),
                         alloc_fail.eq(0), unbuilt.eq(0), vv_used.eq(0), n_wr.eq(0),
                         mcfg_regs.eq(0),
                     ]
                     m.d.sync += [u.eq(0) for u in used] + [s.eq(0) for s in slots]
                     m.next = "CHAIN"
                 with m.Elif(illegal):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(error), fail_at.eq(pc)]
                     m.next = "DRAIN"
                 with m.Else():
                     m.d.comb += [fe_fail.eq(1), fail_code.eq(ErrorCode.CHAIN_STRUCTURE),
@@ -348,7 +347,7 @@ class FrontEnd(wiring.Component):
                     with m.Else():
                         m.d.comb += advance.eq(1)
                         m.d.sync += n_ops.eq(n_ops + 1)
-                        self._allocate(m, c, dec, checked, word.unit_bit, pc, cur_m, used,
+                        self._allocate(m, c, iw, checked, word.unit_bit, pc, cur_m, used,
                                        slots, alloc_fail, unbuilt, unbuilt_at, mcfg_regs,
                                        vv_used, vv_op, vv_inc)
                 with m.Elif(word.mv_mul):
@@ -356,7 +355,7 @@ class FrontEnd(wiring.Component):
                         m.d.comb += structure.eq(1)
                     with m.Else():
                         m.d.comb += advance.eq(1)
-                        m.d.sync += [has_mv.eq(1), mv_op.eq(dec.operand), mv_inc.eq(dec.inc)]
+                        m.d.sync += [has_mv.eq(1), mv_op.eq(iw.operand), mv_inc.eq(iw.inc)]
                 with m.Elif(word.v_wr):
                     with m.If(n_wr == MAX_WRITES):
                         m.d.comb += structure.eq(1)
@@ -365,8 +364,8 @@ class FrontEnd(wiring.Component):
                         m.d.sync += n_wr.eq(n_wr + 1)
                         for k in range(MAX_WRITES):
                             with m.If(n_wr == k):
-                                m.d.sync += [w_space[k].eq(dec.space), w_op[k].eq(dec.operand),
-                                             w_inc[k].eq(dec.inc), w_at[k].eq(pc)]
+                                m.d.sync += [w_space[k].eq(iw.space), w_op[k].eq(iw.operand),
+                                             w_inc[k].eq(iw.inc), w_at[k].eq(pc)]
                 with m.Elif(word.end_chain):
                     with m.If(n_wr == 0):
                         m.d.comb += structure.eq(1)
@@ -375,7 +374,7 @@ class FrontEnd(wiring.Component):
                         m.d.comb += walk.to_check.eq(1)
                         m.next = "CHECK"
                 with m.Elif(illegal):
-                    m.d.comb += [fe_fail.eq(1), fail_code.eq(word_error), fail_at.eq(pc)]
+                    m.d.comb += [fe_fail.eq(1), fail_code.eq(error), fail_at.eq(pc)]
                     m.next = "DRAIN"
                 with m.Else():
                     m.d.comb += structure.eq(1)
@@ -456,17 +455,17 @@ class FrontEnd(wiring.Component):
         return m
 
     @staticmethod
-    def _allocate(m, c, dec, checked, unit_bit, pc, cur_m, used, slots, alloc_fail, unbuilt,
+    def _allocate(m, c, iw, checked, unit_bit, pc, cur_m, used, slots, alloc_fail, unbuilt,
                   unbuilt_at, mcfg_regs, vv_used, vv_op, vv_inc):
         """One op of the chain: ``host.spec.mfu.allocate``'s rule, one op per cycle. The op
         stays in the current MFU ``k`` if ``k`` builds its unit and has not used it yet;
         else it goes to the first MFU after ``k`` that builds the unit (a constant of ``k``
         and the unit, from the unit sets), and where there is none the chain fails."""
-        func = dec.func
+        func = iw.func
         # The op's unit and whether its function is built: decoded when the word was
-        # written (hw.core.decode.WordCheck); unit_bit, its one-hot, is stored with
-        # the word too.
-        unit = checked.unit
+        # written (hw.core.decode.WordCheck), the unit as its one-hot (unit_bit).
+        unit = Signal(MfuUnit)
+        m.d.comb += unit.eq(unit_of(unit_bit))
         with m.If(checked.unary_unbuilt & ~unbuilt):
             m.d.sync += [unbuilt.eq(1), unbuilt_at.eq(pc)]
 
@@ -521,16 +520,16 @@ class FrontEnd(wiring.Component):
                                 if MfuUnit.ADDSUB in units_t:
                                     with m.Case(MfuUnit.ADDSUB):
                                         m.d.sync += [entry.addsub_op.eq(func),
-                                                     entry.addsub_addr.eq(dec.operand),
+                                                     entry.addsub_addr.eq(iw.operand),
                                                      vv_used[2 * t].eq(1),
-                                                     vv_op[2 * t].eq(dec.operand),
-                                                     vv_inc[2 * t].eq(dec.inc)]
+                                                     vv_op[2 * t].eq(iw.operand),
+                                                     vv_inc[2 * t].eq(iw.inc)]
                                 if MfuUnit.MUL in units_t:
                                     with m.Case(MfuUnit.MUL):
-                                        m.d.sync += [entry.mul_addr.eq(dec.operand),
+                                        m.d.sync += [entry.mul_addr.eq(iw.operand),
                                                      vv_used[2 * t + 1].eq(1),
-                                                     vv_op[2 * t + 1].eq(dec.operand),
-                                                     vv_inc[2 * t + 1].eq(dec.inc)]
+                                                     vv_op[2 * t + 1].eq(iw.operand),
+                                                     vv_inc[2 * t + 1].eq(iw.inc)]
                                 if MfuUnit.ACT in units_t:
                                     with m.Case(MfuUnit.ACT):
                                         m.d.sync += entry.act_op.eq(func)

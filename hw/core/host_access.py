@@ -1,14 +1,14 @@
 """Host access: the host's requests into the core's memories and program while no program
 runs, each checked before it reaches a memory, ``docs/npu.md``, "Host access"."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value, unsigned
+from amaranth.hdl import Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, block_layout
 from host.spec.isa import ErrorCode, Space, vector_spaces
-from hw.core.decode import PREDECODE_LAYOUT, WordCheck
+from hw.core.decode import STORED_WORD_LAYOUT, WordCheck
 from hw.core.reader import read_request_layout
 from hw.core.vectors import beat_select, checked_config, vector_layout
 from hw.core.writer import write_bus_layout
@@ -44,9 +44,10 @@ def program_write_layout(config: NpuConfig) -> data.StructLayout:
 
 def program_port_layout(config: NpuConfig) -> data.StructLayout:
     """A write of the program memory: ``en``, ``addr`` (20 bits, below ``program_depth``
-    when ``en``) and ``data`` (the 64-bit word, then its ``PREDECODE_LAYOUT`` checks)."""
+    when ``en``) and ``data`` (what the memory keeps of the word:
+    :data:`hw.core.decode.STORED_WORD_LAYOUT`)."""
     return data.StructLayout({"en": 1, "addr": unsigned(PROGRAM_ADDR_BITS),
-                              "data": unsigned(64 + PREDECODE_LAYOUT.size)})
+                              "data": STORED_WORD_LAYOUT})
 
 
 def vector_space_exists(config: NpuConfig, space) -> Value:
@@ -266,7 +267,7 @@ class HostAccess(wiring.Component):
         m.submodules.word_check = word_check = WordCheck(c)
         m.d.comb += [self.prog_w.ready.eq(host_ok), self.prog.addr.eq(pw.addr),
                      word_check.word.eq(pw.word),
-                     self.prog.data.eq(Cat(pw.word, word_check.predecode))]
+                     self.prog.data.eq(word_check.stored)]
         prog_len = self.prog_len
         with m.If(self.prog_w.valid & host_ok):
             with m.If(pw.addr >= c.program_depth):

@@ -28,7 +28,7 @@ from host.spec.counters import MVM_COUNTERS
 
 from hw.mfu.mfu import MfuPipeline
 from hw.mvm.mvm import Mvm, mrf_address_layout, mrf_word_layout, weight_row_layout
-from hw.core.decode import PREDECODE_LAYOUT
+from hw.core.decode import STORED_WORD_LAYOUT
 from hw.core.vectors import checked_config, vector_layout
 from hw.core.feeder import Feeder
 from hw.core.front_end import FrontEnd
@@ -199,7 +199,7 @@ class NpuCore(wiring.Component):
         # --- memories ---------------------------------------------------------------
         # Each word with its checks (WordCheck: decoded when the host writes it, so the
         # fetched word needs no decoder logic before the front end's decisions).
-        program = Memory(shape=64 + PREDECODE_LAYOUT.size, depth=c.program_depth, init=[])
+        program = Memory(shape=STORED_WORD_LAYOUT, depth=c.program_depth, init=[])
         m.submodules.program = program
         prog_wp = program.write_port()
         prog_rp = program.read_port(domain="sync", transparent_for=())

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from host.spec.isa import ErrorCode, Space, vector_spaces
+from host.spec.isa import FIELDS, ErrorCode, Space, vector_spaces
 from hw.core.host_access import (
     HostAccess,
     program_write_layout,
@@ -26,6 +26,16 @@ from tests.hw.test_feeder_writer import BUILDS, beats_of, run
 from tests.hw.test_npu_hw import ALL_BUILDS
 
 KINDS = ("vec_w", "vec_r", "mrf_w", "w_rows", "mrf_r", "prog_w")
+#: The fields of a program word that the program memory keeps (beside its checks,
+#: ``hw.core.decode.STORED_WORD_LAYOUT``; ``tests/hw/test_word_check.py`` checks those).
+KEPT_FIELDS = ("space", "func", "inc", "operand")
+
+
+def kept_fields(word):
+    """``{field: value}`` of the fields of ``word`` that the program memory keeps."""
+    return {name: (word >> FIELDS[name][0]) & ((1 << FIELDS[name][1]) - 1)
+            for name in KEPT_FIELDS}
+
 #: The request port of each kind.
 PORTS = {"vec_w": "vec_w", "vec_r": "vec_r_req", "mrf_w": "mrf_w", "w_rows": "w_rows",
          "mrf_r": "mrf_r_req", "prog_w": "prog_w"}
@@ -118,7 +128,7 @@ def account(config, requests, memory, mrf):
         elif f["addr"] >= config.program_depth:
             out["codes"].append(ErrorCode.PROGRAM_RANGE)
         else:
-            out["prog"].append((f["addr"], f["word"]))
+            out["prog"].append((f["addr"], kept_fields(f["word"])))
             prog_len = 1 if f["addr"] == 0 else max(prog_len, f["addr"] + 1)
     return out, prog_len
 
@@ -182,8 +192,9 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
             state["read"] = (ctx.get(dut.rd.space), ctx.get(dut.rd.addr))
             seen["reads"].append(state["read"])
         if ctx.get(dut.prog.en):
+            data = dut.prog.data
             seen["prog"].append((ctx.get(dut.prog.addr),
-                                 ctx.get(dut.prog.data) & ((1 << 64) - 1)))
+                                 {name: ctx.get(getattr(data, name)) for name in KEPT_FIELDS}))
         for name, key in (("mvm_mrf_w", "mrf_w"), ("mvm_w_rows", "w_rows"),
                           ("mvm_mrf_r_req", "mrf_r")):
             port = getattr(dut, name)

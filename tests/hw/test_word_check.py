@@ -29,14 +29,14 @@ from host.spec.isa import (
 )
 from host.spec.mfu import MfuOp
 from host.spec.ops import BinaryOp, ReduceOp, UnaryOp
-from hw.core.decode import Verdict, WordCheck
+from hw.core.decode import STORED_WORD_LAYOUT, WordCheck
 
 #: Preset ulx3s_n4 has every unary function; UNARY_PART builds only relu and tanh.
 CONFIG = parse_config("ulx3s_n4")
 UNARY_PART = parse_config("ulx3s_n4,unary_ops=relu+tanh")
 LIMITS = register_limits(CONFIG)
-VERDICT_OF = {ErrorCode.NONE: Verdict.NONE, ErrorCode.ILLEGAL_OPCODE: Verdict.ILLEGAL_OPCODE,
-              ErrorCode.ILLEGAL_FIELD: Verdict.ILLEGAL_FIELD}
+#: The fields of a word that the program memory keeps beside its checks.
+KEPT_FIELDS = ("space", "func", "inc", "operand")
 
 
 def word(**fields):
@@ -50,15 +50,17 @@ def word(**fields):
 
 
 def expected(w, config=CONFIG):
-    """``{field: value}`` of ``PREDECODE_LAYOUT`` for word ``w`` by the ISA
+    """``{name: value}`` of the checks (``PREDECODE_LAYOUT``) for word ``w`` by the ISA
     (``host.spec.isa.decode``), the model's register ranges and the MFU units of
-    ``host.spec.mfu.allocate``; only the verdict where it is not NONE (the core reads the
-    other fields only then)."""
+    ``host.spec.mfu.allocate``: ``legal`` and, for an illegal word, ``field`` (its error
+    is ILLEGAL_FIELD) only (the core reads the others only for a legal word); ``unit``,
+    the op's unit, is checked as the one-hot ``unit_bit``."""
     try:
         ins = decode(w)
     except IsaError as e:
-        return {"verdict": VERDICT_OF[e.code]}
-    out = {"verdict": Verdict.NONE, "s_wr_out_of_range": False, "unary_unbuilt": False}
+        assert e.code in (ErrorCode.ILLEGAL_OPCODE, ErrorCode.ILLEGAL_FIELD), e.code
+        return {"legal": 0, "field": int(e.code == ErrorCode.ILLEGAL_FIELD)}
+    out = {"legal": 1, "s_wr_out_of_range": False, "unary_unbuilt": False}
     if ins.opcode == Opcode.S_WR:
         lo, hi = register_limits(config)[ins.func]
         out["s_wr_out_of_range"] = not lo <= ins.operand <= hi
@@ -112,25 +114,41 @@ def random_words(count, seed):
 
 
 def check_words(words, config=CONFIG):
-    """Run ``words`` through ``WordCheck(config)``; assert each against :func:`expected`;
-    return how many words got each verdict."""
+    """Run ``words`` through ``WordCheck(config)``; assert each one's checks against
+    :func:`expected` and its kept fields against the word's; return how many words got
+    each error code (``NONE``, ``ILLEGAL_OPCODE``, ``ILLEGAL_FIELD``)."""
     dut = WordCheck(config)
     seen = []
 
     async def bench(ctx):
         for w in words:
             ctx.set(dut.word, w)
-            seen.append({name: ctx.get(getattr(dut.predecode, name))
-                         for name in ("verdict", "s_wr_out_of_range", "unit", "unary_unbuilt")})
+            checks = dut.stored.checks
+            got = {name: ctx.get(getattr(checks, name))
+                   for name in ("field", "s_wr_out_of_range", "unary_unbuilt")}
+            got["legal"] = ctx.get(checks.terms.legal)
+            got["unit_bit"] = ctx.get(checks.terms.unit_bit)
+            got |= {name: ctx.get(getattr(dut.stored, name)) for name in KEPT_FIELDS}
+            seen.append(got)
 
     sim = Simulator(dut)
     sim.add_testbench(bench)
     sim.run()
-    tally = {v: 0 for v in Verdict}
-    for w, got in zip(words, seen):
-        for name, want in expected(w, config).items():
-            assert got[name] == want, f"word {w:#018x}: {name} {got[name]!r}, expected {want!r}"
-        tally[Verdict(got["verdict"])] += 1
+    tally = {code: 0 for code in (ErrorCode.NONE, ErrorCode.ILLEGAL_OPCODE,
+                                  ErrorCode.ILLEGAL_FIELD)}
+    for w, got in zip(words, seen, strict=True):
+        want = expected(w, config)
+        unit = want.pop("unit", None)
+        for name, value in want.items():
+            assert got[name] == value, f"word {w:#018x}: {name} {got[name]!r}, expected {value!r}"
+        if unit is not None:
+            assert got["unit_bit"] == 1 << unit.value, f"word {w:#018x}: unit {got['unit_bit']}"
+        for name in KEPT_FIELDS:
+            off, width = FIELDS[name]
+            assert got[name] == (w >> off) & ((1 << width) - 1), f"word {w:#018x}: {name}"
+        code = (ErrorCode.NONE if got["legal"] else
+                ErrorCode.ILLEGAL_FIELD if got["field"] else ErrorCode.ILLEGAL_OPCODE)
+        tally[code] += 1
     return tally
 
 
@@ -148,21 +166,26 @@ def test_random_words(seed):
 
 def test_an_all_zero_word_is_stored_as_zero_bits():
     """The program memory's power-on contents (all zero) must read as an all-zero word's
-    checks: the verdict of opcode 0 is code 0, the range flag is clear and so is every
-    decision term (``legal`` among them)."""
-    assert expected(0) == {"verdict": Verdict.ILLEGAL_OPCODE}
-    assert Verdict.ILLEGAL_OPCODE.value == 0
+    fields and checks: opcode 0 is ILLEGAL_OPCODE, which the checks encode as all zero
+    (``legal`` and ``field`` clear), the range flag is clear and so is every decision
+    term."""
+    assert expected(0) == {"legal": 0, "field": 0}
     seen = []
     dut = WordCheck(CONFIG)
 
     async def bench(ctx):
         ctx.set(dut.word, 0)
-        seen.append(ctx.get(dut.predecode.as_value()))
+        seen.append(ctx.get(dut.stored.as_value()))
 
     sim = Simulator(dut)
     sim.add_testbench(bench)
     sim.run()
-    assert seen == [0], f"an all-zero word's checks are {seen[0]:#x}, not 0"
+    assert seen == [0], f"an all-zero word is stored as {seen[0]:#x}, not 0"
+
+
+def test_the_stored_word_fits_four_block_rams():
+    """72 bits: four 18-bit-wide DP16KD at the board's program depth of 1,024."""
+    assert STORED_WORD_LAYOUT.size == 72
 
 
 #: The decision terms' opcode flags (``FETCHED_TERMS_LAYOUT``) and the opcodes that set them.
@@ -197,7 +220,7 @@ def test_stored_terms_are_the_words_terms():
     async def bench(ctx):
         for w in words:
             ctx.set(dut.word, w)
-            seen.append({name: ctx.get(getattr(dut.predecode.terms, name)) for name in names})
+            seen.append({name: ctx.get(getattr(dut.stored.checks.terms, name)) for name in names})
 
     sim = Simulator(dut)
     sim.add_testbench(bench)
