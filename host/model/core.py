@@ -133,10 +133,10 @@ class Timing:
     #: and the slice holds twice as many beats beyond the buffer's depth (its output and
     #: skid registers). 1, the gateware's
     direct_slice: int = 1
-    #: The register on the reader's write into its direct buffer (the beat chosen from the
-    #: read data, ``hw.core.reader``, issue 36, the board's timing): a chain without a
-    #: product reaches the MFU this many cycles later again; the buffer's room counts the
-    #: registered beat, so it holds no more. 1, the gateware's
+    #: The registers before the reader's write into its direct buffer (the read data,
+    #: ``hw.core.reader``, issue 36, the board's timing): a chain without a product
+    #: reaches the MFU this many cycles later again; the buffer's room counts the beat in
+    #: flight, so it holds no more. 1, the gateware's
     direct_write_register: int = 1
     #: The register on the MVM's and the MFU pipeline's ``busy`` before the run's end
     #: (``hw.core.npu``, issue 36, timing): a run whose last instance retires ends this

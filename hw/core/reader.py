@@ -79,11 +79,11 @@ class Reader(wiring.Component):
     buffer (4 vectors, out on ``x_stream``); the others beat by beat (each vector read
     ``beats`` times) into the direct buffer (``config.direct_depth * beats`` beats), so
     that they wait for the MFU pipeline without holding back the next product's input;
-    each beat is written a cycle after its read data arrives (the beat's choice is
-    registered), and the buffer's output reaches ``direct`` through a
-    :class:`hw.slice.RegisterSlice` (a cycle later, two beats more held). Lanes past COLS in each pixel's last vector of a
-    product enter the MVM as zero. The reader reads only while its buffer has room for
-    the vector in flight.
+    each beat is written a cycle after its read data arrives (from registers of the
+    read data), and the buffer's output reaches ``direct`` through a
+    :class:`hw.slice.RegisterSlice` (a cycle later, two beats more held). Lanes past
+    COLS in each pixel's last vector of a product enter the MVM as zero. The reader
+    reads only while its buffer has room for the vectors in flight.
 
     Parameters
     ----------
@@ -208,18 +208,30 @@ class Reader(wiring.Component):
             for key in spaces:
                 lane = lane | Mux(p_from[key][i], getattr(self, f"{key}_data")[i], 0)
             m.d.comb += p_vec[i].eq(lane)
-        # The direct buffer's write from registers: the beat chosen from the read data
-        # and its enable. Without them the vector memory's block RAM output (no output
-        # register) met the lanes' choice and the beat's, and crossed the die into the
-        # direct buffer's block RAM in one cycle, the board's critical path at 65.82 MHz
-        # (docs/link-hw.md section 5). `fill` counts the registered beat as well (it
-        # counts every beat from its step until the buffer's read), so `room` holds.
+        # The direct buffer's write a cycle after the read data arrives, from registers:
+        # each vector memory's read data as it came (next to its block RAMs), the input
+        # queue's beat, the source and the beat's index. Without them the vector
+        # memories' block RAM output (no output register: 5.61 ns from the clock) met the
+        # lanes' and the beat's choice and crossed the die into the direct buffer's block
+        # RAM in one cycle, the board's critical path at 65.82 MHz (docs/link-hw.md
+        # section 5). `fill` counts a beat from its step until the buffer's read, so
+        # `room` holds with the cycle more.
         d_valid = Signal()
-        d_beat = Signal(beat_layout(c))
+        d_q = Signal(beat_layout(c).size)
         m.d.sync += [d_valid.eq(p_valid & ~p_to_mvm),
-                     d_beat.eq(beat_select(c, p_vec.as_value(), p_beat))]
+                     d_q.eq(Mux(p_from_q[0], beat_select(c, p_q.as_value(), p_beat), 0))]
+        d_beat = p_beat
+        if p_beat is not None:
+            d_beat = Signal.like(p_beat, name="d_beat")
+            m.d.sync += d_beat.eq(p_beat)
+        direct_beat = d_q
+        for key in spaces:
+            d_from = Signal(name=f"d_from_{key}")
+            d_data = Signal(vec, name=f"d_{key}_data")
+            m.d.sync += [d_from.eq(p_from[key][0]), d_data.eq(getattr(self, f"{key}_data"))]
+            direct_beat = direct_beat | Mux(d_from, beat_select(c, d_data.as_value(), d_beat), 0)
         m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
-                     db.w_data.eq(d_beat), db.w_en.eq(d_valid)]
+                     db.w_data.eq(direct_beat), db.w_en.eq(d_valid)]
         m.d.comb += [self.x_stream.valid.eq(mb.r_rdy), self.x_stream.payload.eq(mb.r_data),
                      mb.r_en.eq(self.x_stream.ready)]
         # The direct buffer's block RAM has no output register; without the slice its data
