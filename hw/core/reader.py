@@ -75,12 +75,12 @@ def _paces(m, c, step, to_mvm):
 class Reader(wiring.Component):
     """Per instance, its ``pix`` x ``win_w`` x ``win_h`` source vectors in window order:
     from ``inq`` (NETQ) or through ``rd`` from a vector memory, whose data (``<memory>_data``,
-    :func:`memory_spaces`) arrives the next cycle. A product's go N wide into the MVM's
-    buffer (4 vectors, out on ``x_stream``); the others beat by beat (each vector read
-    ``beats`` times) into the direct buffer (``config.direct_depth * beats`` beats), so
-    that they wait for the MFU pipeline without holding back the next product's input;
-    each beat is written a cycle after its read data arrives (from registers of the
-    read data), and the buffer's output reaches ``direct`` through a
+    :func:`memory_spaces`) arrives the next cycle and is registered. A product's go N
+    wide into the MVM's buffer (4 vectors, out on ``x_stream``, a queue without an
+    output register); the others beat by beat (each vector read ``beats`` times) into
+    the direct buffer (``config.direct_depth * beats`` beats), so that they wait for
+    the MFU pipeline without holding back the next product's input; the direct
+    buffer's output reaches ``direct`` through a
     :class:`hw.slice.RegisterSlice` (a cycle later, two beats more held). Lanes past
     COLS in each pixel's last vector of a product enter the MVM as zero. The reader
     reads only while its buffer has room for the vectors in flight.
@@ -127,7 +127,7 @@ class Reader(wiring.Component):
         vec = vector_layout(c)
         a_bits = c.vector_addr_bits
         m = Module()
-        m.submodules.mvm_buf = mb = fifo.SyncFIFOBuffered(width=vec.size, depth=4)
+        m.submodules.mvm_buf = mb = fifo.SyncFIFO(width=vec.size, depth=4)
         m.submodules.direct_buf = db = fifo.SyncFIFOBuffered(width=beat_layout(c).size,
                                                              depth=c.direct_depth * beats)
         head = self.instances.payload
@@ -202,36 +202,43 @@ class Reader(wiring.Component):
                         m.d.sync += r_y.eq(r_y + 1)
                     with m.Else():
                         m.d.sync += r_on.eq(0)
-        p_vec = Signal(vec)
-        for i in range(n):
-            lane = Mux(p_from_q[i], p_q[i], 0)
-            for key in spaces:
-                lane = lane | Mux(p_from[key][i], getattr(self, f"{key}_data")[i], 0)
-            m.d.comb += p_vec[i].eq(lane)
-        # The direct buffer's write a cycle after the read data arrives, from registers:
-        # each vector memory's read data as it came (next to its block RAMs), the input
-        # queue's beat, the source and the beat's index. Without them the vector
-        # memories' block RAM output (no output register: 5.61 ns from the clock) met the
-        # lanes' and the beat's choice and crossed the die into the direct buffer's block
-        # RAM in one cycle, the board's critical path at 65.82 MHz (docs/link-hw.md
-        # section 5). `fill` counts a beat from its step until the buffer's read, so
-        # `room` holds with the cycle more.
-        d_valid = Signal()
-        d_q = Signal(beat_layout(c).size)
-        m.d.sync += [d_valid.eq(p_valid & ~p_to_mvm),
-                     d_q.eq(Mux(p_from_q[0], beat_select(c, p_q.as_value(), p_beat), 0))]
+        # Both buffers are written a cycle after the read data arrives, from registers:
+        # each vector memory's read data as it came (the fabric's stand-in for the block
+        # RAM's output register), the input queue's vector, each lane's source and the
+        # beat's index. The vector memories' block RAMs have no output register (5.61 ns
+        # from the clock to the data); their data met the lanes' choice (and the beat's)
+        # and crossed the die into the direct buffer's block RAM in one cycle, the
+        # board's critical path at 65.82 MHz (docs/link-hw.md section 5), and into the
+        # MVM buffer's LUT RAM. The MVM buffer is a queue without an output register
+        # (its LUT RAM read is combinational), so a product's vector still reaches
+        # x_stream three cycles after its step; a direct beat reaches the direct buffer
+        # a cycle later than before (Timing.direct_write_register). `fill` counts a vector
+        # from its step until the buffer's read, so `room` holds.
+        d_mvm = Signal()
+        d_direct = Signal()
+        d_q = Signal(vec)
+        d_from_q = Signal(n)
+        m.d.sync += [d_mvm.eq(p_valid & p_to_mvm), d_direct.eq(p_valid & ~p_to_mvm),
+                     d_q.eq(p_q), d_from_q.eq(p_from_q)]
         d_beat = p_beat
         if p_beat is not None:
             d_beat = Signal.like(p_beat, name="d_beat")
             m.d.sync += d_beat.eq(p_beat)
-        direct_beat = d_q
+        d_data, d_from = {}, {}
         for key in spaces:
-            d_from = Signal(name=f"d_from_{key}")
-            d_data = Signal(vec, name=f"d_{key}_data")
-            m.d.sync += [d_from.eq(p_from[key][0]), d_data.eq(getattr(self, f"{key}_data"))]
-            direct_beat = direct_beat | Mux(d_from, beat_select(c, d_data.as_value(), d_beat), 0)
-        m.d.comb += [mb.w_data.eq(p_vec), mb.w_en.eq(p_valid & p_to_mvm),
-                     db.w_data.eq(direct_beat), db.w_en.eq(d_valid)]
+            d_data[key] = Signal(vec, name=f"d_{key}_data")
+            d_from[key] = Signal(n, name=f"d_from_{key}")
+            m.d.sync += [d_data[key].eq(getattr(self, f"{key}_data")),
+                         d_from[key].eq(p_from[key])]
+        d_vec = Signal(vec)
+        for i in range(n):
+            lane = Mux(d_from_q[i], d_q[i], 0)
+            for key in spaces:
+                lane = lane | Mux(d_from[key][i], d_data[key][i], 0)
+            m.d.comb += d_vec[i].eq(lane)
+        m.d.comb += [mb.w_data.eq(d_vec), mb.w_en.eq(d_mvm),
+                     db.w_data.eq(beat_select(c, d_vec.as_value(), d_beat)),
+                     db.w_en.eq(d_direct)]
         m.d.comb += [self.x_stream.valid.eq(mb.r_rdy), self.x_stream.payload.eq(mb.r_data),
                      mb.r_en.eq(self.x_stream.ready)]
         # The direct buffer's block RAM has no output register; without the slice its data
