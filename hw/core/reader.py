@@ -80,10 +80,10 @@ class Reader(wiring.Component):
     output register); the others beat by beat (each vector read ``beats`` times) into
     the direct buffer (``config.direct_depth * beats`` beats), so that they wait for
     the MFU pipeline without holding back the next product's input; the direct
-    buffer's output reaches ``direct`` through a
-    :class:`hw.slice.RegisterSlice` (a cycle later, two beats more held). Lanes past
-    COLS in each pixel's last vector of a product enter the MVM as zero. The reader
-    reads only while its buffer has room for the vectors in flight.
+    buffer's output reaches ``direct`` through a :class:`hw.slice.RegisterSlice` (a
+    cycle later, two beats more held). Lanes past COLS in each pixel's last vector of a
+    product enter the MVM as zero. The reader reads only while its buffer has room for
+    the vectors in flight.
 
     Parameters
     ----------
