@@ -25,9 +25,9 @@ from host.spec.ops import ReduceOp
 from host.spec.ops import UnaryOp
 from hw.core.vectors import checked_config
 
-__all__ = ["InstructionDecoder", "FUNC_LIMIT", "PREDECODE_LAYOUT", "STORED_WORD_LAYOUT",
-           "WordCheck", "FETCHED_TERMS_LAYOUT", "word_error", "unit_of", "iteration_bits",
-           "built_vrfs", "vrf_space"]
+__all__ = ["InstructionDecoder", "FUNC_LIMIT", "PREDECODE_LAYOUT", "KEPT_FIELDS",
+           "STORED_WORD_LAYOUT", "WordCheck", "FETCHED_TERMS_LAYOUT", "word_error", "unit_of",
+           "iteration_bits", "built_vrfs", "vrf_space"]
 
 
 def iteration_bits(config: NpuConfig) -> int:
@@ -165,12 +165,16 @@ _TERM_OPCODES = {"end": (Opcode.END,), "s_wr": (Opcode.S_WR,), "v_rd": (Opcode.V
 PREDECODE_LAYOUT = data.StructLayout({"field": 1, "s_wr_out_of_range": 1,
                                       "unary_unbuilt": 1, "terms": FETCHED_TERMS_LAYOUT})
 
+#: The fields of a program word (``host.spec.isa.FIELDS``) that the front end reads after
+#: the fetch, and so the program memory keeps.
+KEPT_FIELDS = ("space", "func", "inc", "operand")
+
 #: A program word as the program memory keeps it (72 bits: four DP16KD at depth 1,024):
 #: the fields the front end reads after the fetch, and the word's checks
 #: (:data:`PREDECODE_LAYOUT`). The opcode and the reserved bits are not kept: the checks
 #: say all the front end needs of them.
 STORED_WORD_LAYOUT = data.StructLayout({
-    **{name: FIELDS[name][1] for name in ("space", "func", "inc", "operand")},
+    **{name: FIELDS[name][1] for name in KEPT_FIELDS},
     "checks": PREDECODE_LAYOUT,
 })
 
@@ -210,8 +214,7 @@ class WordCheck(wiring.Component):
         m.submodules.decoder = dec = InstructionDecoder()
         m.d.comb += dec.word.eq(self.word)
         stored = self.stored
-        m.d.comb += [getattr(stored, name).eq(getattr(dec, name))
-                     for name in ("space", "func", "inc", "operand")]
+        m.d.comb += [getattr(stored, name).eq(getattr(dec, name)) for name in KEPT_FIELDS]
         out = stored.checks
         m.d.comb += out.field.eq(dec.error == ErrorCode.ILLEGAL_FIELD)
         op, func = dec.opcode, dec.func

@@ -167,7 +167,7 @@ class FrontEnd(wiring.Component):
         advance = Signal()                # the instruction at pc is consumed
         # The fetched word's fields and checks (hw.core.decode.STORED_WORD_LAYOUT: its error
         # code is the one stored with it, WordCheck's), and the terms
-        # the decisions below test (its opcode's class, its verdict, its unit's
+        # the decisions below test (its opcode's class, whether it is legal, its unit's
         # one-hot), stored with it: they come from iw's flip-flops, with no compare after
         # the block RAM's read (issue 36, timing: the read through the terms' decode
         # was the core alone's critical path at seed 2, 73.76 MHz). Each flag of an

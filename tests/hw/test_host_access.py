@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from host.spec.isa import FIELDS, ErrorCode, Space, vector_spaces
+from host.spec.isa import ErrorCode, Space, vector_spaces
+from hw.core.decode import KEPT_FIELDS
 from hw.core.host_access import (
     HostAccess,
     program_write_layout,
@@ -24,18 +25,9 @@ from hw.core.host_access import (
 from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
 from tests.hw.test_feeder_writer import BUILDS, beats_of, run
 from tests.hw.test_npu_hw import ALL_BUILDS
+from tests.hw.test_word_check import kept_fields
 
 KINDS = ("vec_w", "vec_r", "mrf_w", "w_rows", "mrf_r", "prog_w")
-#: The fields of a program word that the program memory keeps (beside its checks,
-#: ``hw.core.decode.STORED_WORD_LAYOUT``; ``tests/hw/test_word_check.py`` checks those).
-KEPT_FIELDS = ("space", "func", "inc", "operand")
-
-
-def kept_fields(word):
-    """``{field: value}`` of the fields of ``word`` that the program memory keeps."""
-    return {name: (word >> FIELDS[name][0]) & ((1 << FIELDS[name][1]) - 1)
-            for name in KEPT_FIELDS}
-
 #: The request port of each kind.
 PORTS = {"vec_w": "vec_w", "vec_r": "vec_r_req", "mrf_w": "mrf_w", "w_rows": "w_rows",
          "mrf_r": "mrf_r_req", "prog_w": "prog_w"}

@@ -29,14 +29,12 @@ from host.spec.isa import (
 )
 from host.spec.mfu import MfuOp
 from host.spec.ops import BinaryOp, ReduceOp, UnaryOp
-from hw.core.decode import STORED_WORD_LAYOUT, WordCheck
+from hw.core.decode import KEPT_FIELDS, STORED_WORD_LAYOUT, WordCheck
 
 #: Preset ulx3s_n4 has every unary function; UNARY_PART builds only relu and tanh.
 CONFIG = parse_config("ulx3s_n4")
 UNARY_PART = parse_config("ulx3s_n4,unary_ops=relu+tanh")
 LIMITS = register_limits(CONFIG)
-#: The fields of a word that the program memory keeps beside its checks.
-KEPT_FIELDS = ("space", "func", "inc", "operand")
 
 
 def word(**fields):
@@ -47,6 +45,13 @@ def word(**fields):
         assert 0 <= value < (1 << width), (name, value)
         out |= value << off
     return out
+
+
+def kept_fields(w):
+    """``{field: value}`` of the fields of word ``w`` that the program memory keeps
+    (``hw.core.decode.KEPT_FIELDS``)."""
+    return {name: (w >> FIELDS[name][0]) & ((1 << FIELDS[name][1]) - 1)
+            for name in KEPT_FIELDS}
 
 
 def expected(w, config=CONFIG):
@@ -143,9 +148,8 @@ def check_words(words, config=CONFIG):
             assert got[name] == value, f"word {w:#018x}: {name} {got[name]!r}, expected {value!r}"
         if unit is not None:
             assert got["unit_bit"] == 1 << unit.value, f"word {w:#018x}: unit {got['unit_bit']}"
-        for name in KEPT_FIELDS:
-            off, width = FIELDS[name]
-            assert got[name] == (w >> off) & ((1 << width) - 1), f"word {w:#018x}: {name}"
+        for name, value in kept_fields(w).items():
+            assert got[name] == value, f"word {w:#018x}: {name}"
         code = (ErrorCode.NONE if got["legal"] else
                 ErrorCode.ILLEGAL_FIELD if got["field"] else ErrorCode.ILLEGAL_OPCODE)
         tally[code] += 1
