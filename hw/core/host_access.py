@@ -9,7 +9,7 @@ from host.spec.config import NpuConfig
 from host.spec.formats import MAX_EXPONENT_CODE, block_layout
 from host.spec.isa import ErrorCode, Space, vector_spaces
 from hw.core.decode import STORED_WORD_LAYOUT, WordCheck
-from hw.core.reader import read_request_layout
+from hw.core.reader import RD_DATA_LATENCY, read_request_layout
 from hw.core.vectors import beat_select, checked_config, vector_layout
 from hw.core.writer import write_bus_layout
 from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
@@ -93,7 +93,8 @@ class HostAccess(wiring.Component):
     open : ``In(1)``
         No program runs: requests are taken.
     rd : ``Out(read_request_layout(config))``, rd_data : ``In(vector_layout(config))``
-        A vector read (``rd.en``) and, the next cycle, the memory's data.
+        A vector read (``rd.en``) and, :data:`hw.core.reader.RD_DATA_LATENCY` cycles
+        later, the memory's data.
     wr : ``Out(write_bus_layout(config))``
         A vector write, one beat a cycle (``beats`` cycles a vector with lanes < n).
     prog : ``Out(program_port_layout(config))``
@@ -180,13 +181,16 @@ class HostAccess(wiring.Component):
         # Vector read: one request at a time, the response held until taken.
         r = self.vec_r_req.payload
         resp_valid = Signal()
-        resp_pending = Signal()       # read issued last cycle
+        # A read in flight, one bit a cycle: bit k set k + 1 cycles after it was issued.
+        resp_pending = Signal(RD_DATA_LATENCY)
         resp_zero = Signal()
         resp_data = Signal(vector_layout(c))
         r_bad_space = ~vector_space_exists(c, r.space)
         r_bad_addr = r.addr >= space_depth(r.space)
-        take_r = self.vec_r_req.valid & host_ok & ~resp_valid & ~resp_pending
-        m.d.comb += self.vec_r_req.ready.eq(host_ok & ~resp_valid & ~resp_pending)
+        r_idle = ~resp_valid & ~resp_pending.any()
+        take_r = self.vec_r_req.valid & host_ok & r_idle
+        m.d.comb += self.vec_r_req.ready.eq(host_ok & r_idle)
+        m.d.sync += resp_pending.eq(resp_pending << 1)
         with m.If(take_r):
             m.d.sync += [resp_pending.eq(1), resp_zero.eq(r_bad_space | r_bad_addr)]
             with m.If(r_bad_space):
@@ -196,8 +200,8 @@ class HostAccess(wiring.Component):
             with m.Else():
                 m.d.comb += self.rd.en.eq(1)
         m.d.comb += [self.rd.addr.eq(r.addr), self.rd.space.eq(r.space)]
-        with m.If(resp_pending):
-            m.d.sync += [resp_pending.eq(0), resp_valid.eq(1),
+        with m.If(resp_pending[-1]):
+            m.d.sync += [resp_valid.eq(1),
                          resp_data.eq(Mux(resp_zero, 0, self.rd_data.as_value()))]
         with m.If(self.vec_r_resp.valid & self.vec_r_resp.ready):
             m.d.sync += resp_valid.eq(0)

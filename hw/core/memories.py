@@ -24,7 +24,7 @@ from amaranth.utils import ceil_log2
 from host.spec.isa import Space
 from hw.core.decode import built_vrfs, vrf_space
 from hw.core.plan import any_of
-from hw.core.reader import memory_spaces, read_request_layout
+from hw.core.reader import RD_DATA_LATENCY, memory_spaces, read_request_layout
 from hw.core.vectors import beat_layout, checked_config, vector_layout
 from hw.core.writer import write_bus_layout
 
@@ -66,7 +66,8 @@ class VectorMemories(wiring.Component):
         Each memory's read data (``vrf_data`` only where the build has VRFs): the
         reader's inputs (:func:`hw.core.reader.memory_spaces`).
     rd_data : ``Out(vector_layout(config))``
-        The data of the space read last cycle (the host's vector reads).
+        The data of the space read :data:`hw.core.reader.RD_DATA_LATENCY` cycles before
+        (the host's vector reads), held until the next read's.
 
     Raises
     ------
@@ -127,11 +128,26 @@ class VectorMemories(wiring.Component):
             out = getattr(self, f"{key}_data")
             m.d.comb += out.eq(ports[0].data if c.beats == 1
                                else Cat(*(rp.data for rp in ports)))
-            rdata.update({s: out for s in spaces[key]})
-        rd_space_q = Signal(4)        # space of the read issued last cycle
+        # The host's reads take their data from registers: each memory's read data as it
+        # came, then the choice of the space. Straight from the block RAMs (5.6 to 5.8 ns
+        # from the clock to the data; nextpnr times every DP16KD so, whatever its
+        # REGMODE) through that choice and host access's response into its register
+        # was two to three LUT levels more in one cycle (docs/link-hw.md section 5). The
+        # reader registers the same data for itself (hw.core.reader).
+        rd_space = Signal(4, name="rd_space_q")     # space of the read issued last cycle
         with m.If(rd.en):
-            m.d.sync += rd_space_q.eq(rd.space)
-        with m.Switch(rd_space_q):
+            m.d.sync += rd_space.eq(rd.space)
+        data = {key: getattr(self, f"{key}_data") for key in mems}
+        for k in range(2, RD_DATA_LATENCY + 1):       # the registers behind them
+            later = Signal(4, name=f"rd_space_q{k}")
+            m.d.sync += later.eq(rd_space)
+            rd_space = later
+            for key, d in data.items():
+                data[key] = Signal(vector_layout(c), name=f"{key}_data_q{k}")
+                m.d.sync += data[key].eq(d)
+        for key in mems:
+            rdata.update({s: data[key] for s in spaces[key]})
+        with m.Switch(rd_space):
             for s, d in rdata.items():
                 with m.Case(s):
                     m.d.comb += self.rd_data.eq(d)

@@ -19,7 +19,14 @@ from hw.core.vectors import (
 )
 from hw.slice import RegisterSlice
 
-__all__ = ["Reader", "memory_spaces", "read_request_layout", "reader_layout"]
+__all__ = ["RD_DATA_LATENCY", "Reader", "memory_spaces", "read_request_layout",
+           "reader_layout"]
+
+#: Cycles from a host read of the vector memories (``rd.en``) to its data on
+#: :class:`hw.core.memories.VectorMemories`'s ``rd_data``: the block RAM's, and a
+#: register behind it. (The reader's own inputs, each memory's data, come a cycle after
+#: its read.)
+RD_DATA_LATENCY = 2
 
 
 def reader_layout(config: NpuConfig) -> data.StructLayout:
@@ -38,7 +45,8 @@ def reader_layout(config: NpuConfig) -> data.StructLayout:
 
 def read_request_layout(config: NpuConfig) -> data.StructLayout:
     """A read of the core's vector memories: ``en``, ``space`` (4 bits, a Space code) and
-    ``addr`` (a vector address); the data comes the next cycle."""
+    ``addr`` (a vector address); each memory's data comes the next cycle, the host's
+    ``rd_data`` :data:`RD_DATA_LATENCY` cycles later."""
     return data.StructLayout({"en": 1, "space": 4, "addr": config.vector_addr_bits})
 
 

@@ -22,6 +22,7 @@ from hw.core.host_access import (
     vector_read_layout,
     vector_write_layout,
 )
+from hw.core.reader import RD_DATA_LATENCY
 from hw.mvm.mvm import mrf_address_layout, mrf_word_layout, weight_row_layout
 from tests.hw.test_feeder_writer import BUILDS, beats_of, run
 from tests.hw.test_npu_hw import ALL_BUILDS
@@ -137,7 +138,8 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
            for kind, _, f in requests if kind == "mrf_r"}
     expected, expected_len = account(config, requests, memory, mrf)
     seen = {key: [] for key in expected}
-    state = {"next": 0, "offering": False, "open": True, "read": None, "mrf_pending": [],
+    state = {"next": 0, "offering": False, "open": True,
+             "reads": [None] * RD_DATA_LATENCY, "mrf_pending": [],
              "mrf_offer": False}
     host_ports = {kind: getattr(dut, PORTS[kind]) for kind in KINDS}
 
@@ -146,8 +148,9 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
         if rng.random() < 0.05:
             state["open"] = not state["open"]
         ctx.set(dut.open, state["open"])
-        # The memories answer last cycle's read.
-        read = state["read"]
+        # The memories answer the read of RD_DATA_LATENCY cycles before (random data in
+        # other cycles: a response taken a cycle early or late is caught).
+        read = state["reads"][0]
         ctx.set(dut.rd_data.as_value(),
                 memory[read] if read is not None else rng.getrandbits(16 * config.n))
         # The current request, offered after a random delay and held until taken.
@@ -179,10 +182,11 @@ def run_host_access(config, seed, count=120, p_ready=0.6):
             seen["writes"].append((ctx.get(dut.wr.space), ctx.get(dut.wr.addr),
                                    ctx.get(dut.wr.beat) if config.beats > 1 else 0,
                                    ctx.get(dut.wr.data.as_value())))
-        state["read"] = None
+        read = None
         if ctx.get(dut.rd.en):
-            state["read"] = (ctx.get(dut.rd.space), ctx.get(dut.rd.addr))
-            seen["reads"].append(state["read"])
+            read = (ctx.get(dut.rd.space), ctx.get(dut.rd.addr))
+            seen["reads"].append(read)
+        state["reads"] = state["reads"][1:] + [read]
         if ctx.get(dut.prog.en):
             data = dut.prog.data
             seen["prog"].append((ctx.get(dut.prog.addr),

@@ -1,8 +1,9 @@
 """The core's vector memories alone (``hw.core.memories.VectorMemories``) in Amaranth's
 simulator: random writes of beats and reads of every space the build has (the IVRF and
 each VRF copy, sharing one memory), with idle cycles, against a dict per space. Each
-read's data is checked the next cycle on ``rd_data`` and on its memory's own output, at
-one, two and four beats a vector. The whole core is ``tests/hw/test_npu_hw.py``.
+read's data is checked the next cycle on its memory's own output (the reader's input)
+and :data:`hw.core.reader.RD_DATA_LATENCY` cycles later on ``rd_data`` (the host's),
+each held until the next read's, at one, two and four beats a vector. The whole core is ``tests/hw/test_npu_hw.py``.
 """
 
 import random
@@ -12,7 +13,7 @@ from amaranth.sim import Simulator
 
 from host.spec.isa import Space, vector_spaces
 from hw.core.memories import VectorMemories
-from hw.core.reader import memory_spaces
+from hw.core.reader import RD_DATA_LATENCY, memory_spaces
 from tests.hw.test_npu_hw import ALL_BUILDS
 
 
@@ -27,13 +28,15 @@ def test_memories_against_a_dict(build):
     beats, beat_bits = config.beats, 16 * config.lanes
     dut = VectorMemories(config)
     contents = {s: {} for s in spaces}        # space -> addr -> vector (int)
-    checks = {"reads": 0}
+    checks = {"reads": 0, "host reads": 0}
 
     def vector(space, addr):
         return contents[space].get(addr, 0)
 
     async def bench(ctx):
-        last = None                   # (space, data) of the read issued last cycle
+        # (space, data) of the latest read issued, as seen on the memory's own output
+        # and on rd_data: the reads of the last RD_DATA_LATENCY cycles, oldest first.
+        issued = [None] * RD_DATA_LATENCY
         for _ in range(3000):
             ctx.set(dut.rd.en, 0)
             ctx.set(dut.wr.en, 0)
@@ -58,26 +61,30 @@ def test_memories_against_a_dict(build):
             if rng.random() < 0.6 and a < depth[s]:
                 ctx.set(dut.rd.en, 1)
                 read = (s, vector(s, a))      # the read sees the memory before the write
-            # Last cycle's read, with this cycle's request on the port: its data stays
-            # until the next read.
-            if last is not None:
-                s_last, want = last
-                assert ctx.get(dut.rd_data).as_value().value == want, (s_last, hex(want))
+            # Last cycle's read on its memory's output, with this cycle's request on the
+            # port, and the one RD_DATA_LATENCY cycles back on rd_data: each stays until
+            # the next read's.
+            if issued[-1] is not None:
+                s_last, want = issued[-1]
                 own = getattr(dut, f"{held_by[s_last]}_data")
-                assert ctx.get(own).as_value().value == want
+                assert ctx.get(own).as_value().value == want, (s_last, hex(want))
                 checks["reads"] += 1
+            if issued[0] is not None:
+                s_host, want = issued[0]
+                assert ctx.get(dut.rd_data).as_value().value == want, (s_host, hex(want))
+                checks["host reads"] += 1
             await ctx.tick()
             if write is not None:
                 s, a, b, value = write
                 mask = ((1 << beat_bits) - 1) << (b * beat_bits)
                 contents[s][a] = vector(s, a) & ~mask | value << (b * beat_bits)
-            last = read or last
+            issued = issued[1:] + [read or issued[-1]]
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)
     sim.add_testbench(bench)
     sim.run()
-    assert checks["reads"] > 1000
+    assert checks["reads"] > 1000 and checks["host reads"] > 1000
 
 
 def test_memories_refuse_a_bad_config():
